@@ -1,0 +1,26 @@
+# Every dependency comes from a Debian package (scripts/install-deps.sh installs them); nothing
+# is downloaded at configure time.
+set(THREADS_PREFER_PTHREAD_FLAG ON)
+find_package(Threads REQUIRED)
+find_package(simdjson REQUIRED)
+find_package(fmt REQUIRED)
+find_package(PkgConfig REQUIRED)
+# PCRE2 runs the GPT-2/Qwen pre-tokenizer patterns (Unicode \p{L}/\p{N} classes and the (?!\S)
+# look-ahead exactly as the Rust regex/onig engines behind HF tokenizers); utf8proc gives NFC.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# OpenBLAS for the CPU backend's f32 GEMM; optional, with a built-in blocked kernel as fallback.
+pkg_check_modules(OPENBLAS IMPORTED_TARGET openblas)
+if(OPENBLAS_FOUND)
+  set(XSERV_BLAS_TARGET PkgConfig::OPENBLAS)
+  set(XSERV_HAVE_BLAS ON)
+else()
+  set(XSERV_BLAS_TARGET "")
+  set(XSERV_HAVE_BLAS OFF)
+endif()
+if(XSERV_BUILD_TESTS)
+  find_package(Catch2 REQUIRED)
+endif()
+if(XSERV_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,58 @@
+// xserv-cli: the command-line front end over xserv's internals.
+#include <cstdio>
+#include <exception>
+#include <string_view>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "xserv/version.hpp"
+
+namespace xserv::cli {
+namespace {
+
+int run_version(const Args&) {
+  std::printf("xserv %s\n", XSERV_VERSION_STRING);
+  return 0;
+}
+
+const Command kCommands[] = {
+    {"version", "print the version", run_version},
+};
+
+void usage(std::FILE* out) {
+  std::fprintf(out, "usage: xserv-cli <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(out, "  %-12s %s\n", c.name, c.summary);
+  std::fprintf(out, "\n'xserv-cli <command> --help' describes a command's options.\n");
+}
+
+}  // namespace
+}  // namespace xserv::cli
+
+int main(int argc, char** argv) {
+  using namespace xserv::cli;
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string_view name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  Args args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const xserv::Error& e) {
+      std::fprintf(stderr, "xserv-cli %s: %s\n", c.name, e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "xserv-cli %s: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "xserv-cli: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,61 @@
+#include "backend/backend.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace xserv {
+
+std::int32_t ForwardBatch::max_query_len() const noexcept {
+  std::int32_t m = 0;
+  for (std::size_t s = 0; s + 1 < query_start.size(); ++s)
+    m = std::max(m, query_start[s + 1] - query_start[s]);
+  return m;
+}
+
+std::int32_t ForwardBatch::max_context_len() const noexcept {
+  std::int32_t m = 0;
+  for (auto c : context_lens) m = std::max(m, c);
+  return m;
+}
+
+void ForwardBatch::validate(std::int32_t block_size) const {
+  const auto t = token_ids.size();
+  const auto s = context_lens.size();
+  XSERV_CHECK(positions.size() == t && slot_mapping.size() == t, ErrorCode::invalid_argument,
+              "batch: {} tokens but {} positions and {} slots", t, positions.size(),
+              slot_mapping.size());
+  XSERV_CHECK(query_start.size() == s + 1 && query_start.front() == 0 &&
+                  query_start.back() == static_cast<std::int32_t>(t),
+              ErrorCode::invalid_argument, "batch: query_start must run from 0 to {} over {} sequences", t, s);
+  XSERV_CHECK(block_size > 0 && max_blocks_per_seq >= 0 &&
+                  block_tables.size() == s * static_cast<std::size_t>(max_blocks_per_seq),
+              ErrorCode::invalid_argument, "batch: block_tables has {} entries, expected {} x {}",
+              block_tables.size(), s, max_blocks_per_seq);
+  for (std::size_t i = 0; i < s; ++i) {
+    std::int32_t q = query_start[i + 1] - query_start[i];
+    XSERV_CHECK(q >= 0 && context_lens[i] >= q, ErrorCode::invalid_argument,
+                "batch: sequence {} has {} new tokens but a context of {}", i, q, context_lens[i]);
+    XSERV_CHECK((context_lens[i] + block_size - 1) / block_size <= max_blocks_per_seq,
+                ErrorCode::invalid_argument, "batch: sequence {} needs more than {} blocks", i,
+                max_blocks_per_seq);
+  }
+  for (std::size_t i = 0; i < t; ++i)
+    XSERV_CHECK(positions[i] >= 0 && slot_mapping[i] >= 0, ErrorCode::invalid_argument,
+                "batch: row {} has position {} and slot {}", i, positions[i], slot_mapping[i]);
+  for (std::size_t i = 0; i < logit_rows.size(); ++i)
+    XSERV_CHECK(logit_rows[i] >= 0 && logit_rows[i] < static_cast<std::int32_t>(t) &&
+                    (i == 0 || logit_rows[i] > logit_rows[i - 1]),
+                ErrorCode::invalid_argument, "batch: logit row {} is out of order or range", i);
+}
+
+float sampling_uniform(std::uint64_t seed, std::uint64_t step) noexcept {
+  // splitmix64 of the pair: counter-based, so any backend can compute a row's draw in isolation.
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (step + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact in a float
+}
+
+}  // namespace xserv

@@ -1,0 +1,166 @@
+// The Backend interface: every op a model forward needs, at the granularity performance needs.
+//
+// Models (lib/models) are written once against this interface and never mention a device. The
+// CPU backend (lib/backend/cpu) is the reference implementation; the CUDA backend (cuda/) is
+// tested op by op against it.
+//
+// Conventions shared by all ops:
+// - Tensors are contiguous row-major views of memory on this backend's device, except where an
+//   op takes an explicit row stride.
+// - Activations use activation_dtype(); weights stay in their file dtype (f32, f16, bf16);
+//   every reduction and every GEMM accumulates in f32.
+// - Ops are enqueued in order on the backend's one stream and may return before they finish;
+//   only download(), sample() and synchronize() wait. Nothing inside a forward waits.
+// - Bad shapes or dtypes throw Error(invalid_argument) naming the op and the shapes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/batch.hpp"
+#include "tensor/buffer.hpp"
+
+namespace xserv {
+
+// Layout of a GEMM weight as stored in the checkpoint; no transposed copy is made at load.
+enum class WeightLayout : std::uint8_t {
+  in_out,  // [K, N]: GPT-2 Conv1D
+  out_in,  // [N, K]: torch.nn.Linear (Qwen3)
+};
+
+// One layer's slice of the paged KV cache: k and v are [num_blocks, block_size, n_kv_heads,
+// head_dim] in activation_dtype(). Slot s is block s / block_size, offset s % block_size.
+struct KvLayer {
+  Tensor k;
+  Tensor v;
+  std::int32_t block_size() const noexcept { return static_cast<std::int32_t>(k.shape[1]); }
+};
+
+// Head geometry of the packed QKV activation [T, (n_q_heads + 2 * n_kv_heads) * head_dim]:
+// the q heads, then the k heads, then the v heads of each row.
+struct HeadGeometry {
+  std::int32_t n_q_heads = 0;
+  std::int32_t n_kv_heads = 0;  // divides n_q_heads (grouped-query attention)
+  std::int32_t head_dim = 0;
+  std::int64_t qkv_width() const noexcept {
+    return static_cast<std::int64_t>(n_q_heads + 2 * n_kv_heads) * head_dim;
+  }
+};
+
+// Per-head RMSNorm of q and k (Qwen3) and rotary embedding (neox style: the two halves of each
+// head rotate together) over the whole head_dim. Either part may be off (GPT-2: both off).
+struct QkTransform {
+  Tensor q_norm;  // [head_dim] or empty
+  Tensor k_norm;  // [head_dim] or empty
+  float norm_eps = 1e-6f;
+  bool rope = false;
+  float rope_theta = 10000.0f;
+};
+
+// Sampling parameters of one logits row. temperature <= 0 means greedy (argmax).
+struct SamplingRow {
+  float temperature = 1.0f;
+  std::int32_t top_k = 0;      // 0: off
+  float top_p = 1.0f;          // 1: off
+  float min_p = 0.0f;          // 0: off
+  float repetition_penalty = 1.0f;  // HF semantics over prompt + generated tokens; 1: off
+  float presence_penalty = 0.0f;    // OpenAI semantics over generated tokens; 0: off
+  float frequency_penalty = 0.0f;   // OpenAI semantics over generated tokens; 0: off
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;  // the row's draw counter: (seed, step) fixes its random number
+};
+
+// Sampling inputs for all rows of a logits tensor; the token histories feed the penalties.
+struct SamplingBatch {
+  std::vector<SamplingRow> rows;
+  // Row r's prompt tokens are prompt_tokens[prompt_start[r] .. prompt_start[r+1]), likewise its
+  // generated tokens. Both offset vectors have rows.size() + 1 entries (or are empty when no
+  // row uses a penalty).
+  std::vector<std::int32_t> prompt_tokens, prompt_start;
+  std::vector<std::int32_t> output_tokens, output_start;
+};
+
+// The uniform random number in [0, 1) that row (seed, step) draws; both backends use it, so a
+// seed gives the same stream on CPU and GPU.
+float sampling_uniform(std::uint64_t seed, std::uint64_t step) noexcept;
+
+struct BackendOptions {
+  std::size_t threads = 0;  // CPU: worker threads, 0 = all hardware threads
+  int device_index = 0;     // CUDA: which GPU
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const noexcept = 0;
+  virtual std::string name() const = 0;
+  // Activation dtype for a model whose weights are `weights` (CPU: always f32).
+  virtual DType activation_dtype(DType weights) const noexcept = 0;
+
+  // ---- memory --------------------------------------------------------------------------
+  virtual Allocator& allocator() noexcept = 0;
+  // A weight read from a host view (usually the mmap'd checkpoint) made resident on this
+  // backend. CPU returns the view itself (zero copy); CUDA copies it into its weight arena.
+  virtual Tensor import_weight(const Tensor& host) = 0;
+  virtual void upload(Tensor dst, const void* host_src) = 0;      // dst.bytes() bytes
+  virtual void download(void* host_dst, const Tensor& src) = 0;  // waits for pending work
+  virtual void fill_zero(Tensor dst) = 0;
+  // Puts a ForwardBatch where the ops can read it; the returned views stay valid until the next
+  // upload_batch call.
+  virtual DeviceBatch upload_batch(const ForwardBatch& batch) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- ops -----------------------------------------------------------------------------
+  // out[T, d] = table[ids[t]] (+ pos_table[positions[t]] when pos_table is not empty).
+  virtual void embedding(Tensor out, const Tensor& ids, const Tensor& table,
+                         const Tensor& pos_table, const Tensor& positions) = 0;
+
+  // out = LayerNorm(x) * weight + bias over the last dim. With a non-empty residual the input is
+  // residual += x first, and out = LayerNorm(residual) (the fused add of pre-norm blocks).
+  virtual void layer_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                          const Tensor& bias, float eps) = 0;
+  // Same contract with RMSNorm (no bias).
+  virtual void rms_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                        float eps) = 0;
+
+  // out[M, N] = a[M, K] · W + bias + beta * out, with W [K, N] (in_out) or [N, K] (out_in) and
+  // bias [N] or empty. beta = 1 fuses a residual add. out rows are out_row_stride elements
+  // apart (0: N), so several GEMMs can fill column slices of one packed activation.
+  virtual void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                    const Tensor& bias, float beta = 0.0f, std::int64_t out_row_stride = 0) = 0;
+
+  // In place on the q and k parts of qkv [T, qkv_width]: per-head RMSNorm then RoPE at each
+  // row's position, as QkTransform says; then k and v of every row go to the cache at
+  // slot_mapping[row].
+  virtual void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                                  const DeviceBatch& batch, KvLayer cache) = 0;
+
+  // Causal attention of each row's q (from qkv) over its sequence's cached K/V (positions
+  // 0 ..= its own), grouped-query: q head h reads kv head h / (n_q_heads / n_kv_heads).
+  // out is [T, n_q_heads * head_dim]; scale multiplies q·k.
+  virtual void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
+                         const DeviceBatch& batch, const KvLayer& cache, float scale) = 0;
+
+  // x = gelu_tanh(x) in place (GPT-2's gelu_new).
+  virtual void gelu(Tensor x) = 0;
+  // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
+  virtual void swiglu(Tensor out, const Tensor& gate_up) = 0;
+  // out[R, d] = x[rows[r]] for the batch's logit rows.
+  virtual void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) = 0;
+
+  // One token per logits row (logits [R, V] f32; modified in place by penalties/temperature).
+  // Writes R ids to out_ids (host memory) and waits for them: the only host wait of a step.
+  virtual void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) = 0;
+};
+
+// Creates the backend for a device kind. Throws Error(unsupported) for CUDA when xserv was
+// built without it, Error(cuda) when no GPU can be used.
+std::unique_ptr<Backend> make_backend(DeviceKind kind, const BackendOptions& options = {});
+// True when xserv was built with CUDA and a GPU is visible.
+bool cuda_available() noexcept;
+
+}  // namespace xserv

@@ -1,0 +1,82 @@
+#include "core/thread_pool.hpp"
+
+#include <algorithm>
+
+namespace xserv {
+
+ThreadPool::ThreadPool(std::size_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  workers_.reserve(threads - 1);
+  for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunk(std::size_t index) {
+  if (index >= chunks_) return;
+  std::size_t begin = n_ * index / chunks_;
+  std::size_t end = n_ * (index + 1) / chunks_;
+  try {
+    if (begin < end) (*fn_)(begin, end);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void ThreadPool::worker_loop(std::size_t index) {
+  std::size_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_chunk(index);
+    {
+      std::lock_guard lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn,
+                              std::size_t grain) {
+  if (n == 0) return;
+  grain = std::max<std::size_t>(grain, 1);
+  std::size_t chunks = std::min(size(), (n + grain - 1) / grain);
+  if (chunks <= 1 || workers_.empty()) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard loop_lock(loop_mutex_);
+  {
+    std::lock_guard lock(mutex_);
+    fn_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    pending_ = workers_.size();
+    error_ = nullptr;
+    ++generation_;
+  }
+  wake_.notify_all();
+  run_chunk(0);
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace xserv

@@ -1,0 +1,50 @@
+// A fixed pool of worker threads for data-parallel loops (the CPU backend's ops).
+//
+// parallel_for splits [0, n) into contiguous chunks, one per thread (the calling thread takes
+// part), and returns when every chunk is done. Calls are serialised: one loop runs at a time,
+// which is what a forward pass needs (ops run one after another, each using all cores).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace xserv {
+
+class ThreadPool {
+ public:
+  // threads == 0 means one per hardware thread.
+  explicit ThreadPool(std::size_t threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  std::size_t size() const noexcept { return workers_.size() + 1; }
+
+  // fn(begin, end) over chunks of [0, n); each chunk has at least `grain` items where possible.
+  // An exception thrown by fn is rethrown here after all chunks finished.
+  void parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn,
+                    std::size_t grain = 1);
+
+ private:
+  void worker_loop(std::size_t index);
+  void run_chunk(std::size_t index);
+
+  std::vector<std::thread> workers_;
+  std::mutex loop_mutex_;  // serialises parallel_for calls
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(std::size_t, std::size_t)>* fn_ = nullptr;
+  std::size_t n_ = 0;
+  std::size_t chunks_ = 0;
+  std::size_t pending_ = 0;
+  std::size_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace xserv

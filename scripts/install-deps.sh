@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs xserv's build dependencies from Debian packages when they are missing.
+# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config libsimdjson-dev libfmt-dev catch2 libbenchmark-dev
+      libpcre2-dev libutf8proc-dev libopenblas-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
