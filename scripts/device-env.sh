@@ -1,0 +1,11 @@
+# Sourced on the GPU machine after /work/shared/device/fetch-deps.sh filled .devdeps/ here:
+#   source scripts/device-env.sh && cmake -S . -B /tmp/b ... 
+# The carried Debian packages are unpacked under /opt/devdeps by .devdeps/env.sh; their
+# pkg-config files still say prefix=/usr, so point them at the unpacked tree.
+source .devdeps/env.sh
+for pc in /opt/devdeps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc /opt/devdeps/usr/share/pkgconfig/*.pc; do
+  [ -f "$pc" ] && sed -i 's#^prefix=/usr$#prefix=/opt/devdeps/usr#' "$pc"
+done
+export PKG_CONFIG_PATH=/opt/devdeps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/devdeps/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+# Extra packages xserv needs beyond fetch-deps.sh's defaults (pass them to fetch-deps.sh):
+#   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
