@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <regex>
 #include <set>
 
 #include "core/error.hpp"
@@ -156,16 +155,38 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const noexcept 
 
 namespace {
 
+// Parses "<prefix>-<index>-of-<total>.safetensors"; false for any other name.
+bool parse_shard_name(std::string_view name, std::string& prefix, int& index, int& total) {
+  constexpr std::string_view ext = ".safetensors";
+  if (!name.ends_with(ext)) return false;
+  name.remove_suffix(ext.size());
+  auto of = name.rfind("-of-");
+  if (of == std::string_view::npos) return false;
+  auto dash = name.rfind('-', of == 0 ? 0 : of - 1);
+  if (dash == std::string_view::npos || dash >= of) return false;
+  auto digits = [](std::string_view s, int& out) {
+    if (s.empty() || s.size() > 6) return false;
+    out = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  prefix = std::string(name.substr(0, dash));
+  return digits(name.substr(dash + 1, of - dash - 1), index) && digits(name.substr(of + 4), total) &&
+         index >= 1 && index <= total;
+}
+
 std::vector<std::string> find_shards(const std::string& dir) {
   // model-00001-of-00003.safetensors: every index 1..M of one M must be present.
-  static const std::regex pattern(R"((.*)-(\d+)-of-(\d+)\.safetensors)");
   std::map<std::string, std::map<int, std::string>> groups;  // "prefix/M" -> index -> file
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, pattern)) continue;
-    groups[m[1].str() + "/" + m[3].str()][std::stoi(m[2].str())] = entry.path().string();
+    std::string prefix;
+    int index = 0, total = 0;
+    if (!parse_shard_name(entry.path().filename().string(), prefix, index, total)) continue;
+    groups[prefix + "/" + std::to_string(total)][index] = entry.path().string();
   }
   XSERV_CHECK(groups.size() <= 1, ErrorCode::format, "{}: several sets of sharded safetensors", dir);
   std::vector<std::string> files;
