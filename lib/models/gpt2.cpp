@@ -1,0 +1,132 @@
+// GPT-2 (124M to 1.5B shapes): learned positions, pre-LayerNorm blocks, fused QKV Conv1D
+// ([in, out] weights, used as stored), gelu_new MLP, lm_head tied to the token embedding.
+//
+// HF checkpoints name tensors `transformer.h.N.attn.c_attn.weight`; older exports drop the
+// `transformer.` prefix, and both are accepted.
+#include <cmath>
+
+#include "core/error.hpp"
+#include "models/model_registry.hpp"
+
+namespace xserv {
+
+namespace {
+
+class Gpt2 final : public Model {
+ public:
+  Gpt2(const ModelConfig& c, const std::string& dir, Backend& b) : Model(c, dir, b) {}
+
+  struct Layer {
+    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b;
+    Tensor ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+  };
+  Tensor wte, wpe, lnf_w, lnf_b, lm_head;
+  std::vector<Layer> layers;
+  HeadGeometry heads;
+  // Workspace: residual stream x, normed h, packed qkv, attention output, MLP hidden, and the
+  // head's gathered rows, their norm and the logits.
+  Tensor x, h, qkv, attn, mlp, rows, rows_normed, logits;
+
+  static std::unique_ptr<Model> create(const ModelConfig& config, const std::string& dir,
+                                       Backend& backend, WeightLoader& weights,
+                                       const ModelOptions& options) {
+    XSERV_CHECK(config.activation == "gelu_new" || config.activation == "gelu_pytorch_tanh",
+                ErrorCode::unsupported,
+                "{}/config.json: activation_function '{}' is not supported (gelu_new)", dir,
+                config.activation);
+    XSERV_CHECK(config.num_kv_heads == config.num_heads &&
+                    config.head_dim * config.num_heads == config.hidden_size,
+                ErrorCode::format, "{}/config.json: GPT-2 needs head_dim x n_head == n_embd", dir);
+    auto m = std::make_unique<Gpt2>(config, dir, backend);
+    m->set_limits(options);
+    m->heads = HeadGeometry{config.num_heads, config.num_heads, config.head_dim};
+    m->declare(weights);
+    m->weight_bytes_ = weights.load(options.on_progress);
+    m->weight_dtype_ = m->wte.dtype;
+    m->plan();
+    return m;
+  }
+
+  void declare(WeightLoader& w) {
+    const auto& c = config_;
+    const std::int64_t d = c.hidden_size, inner = c.intermediate_size;
+    const std::string p = w.has("wte.weight") && !w.has("transformer.wte.weight") ? "" : "transformer.";
+    auto names = [&](const std::string& n) { return std::vector<std::string>{p + n}; };
+    w.require(&wte, names("wte.weight"), {c.vocab_size, d});
+    w.require(&wpe, names("wpe.weight"), {c.max_position_embeddings, d});
+    layers.resize(static_cast<std::size_t>(c.num_layers));
+    for (std::int32_t i = 0; i < c.num_layers; ++i) {
+      Layer& l = layers[static_cast<std::size_t>(i)];
+      const std::string n = fmt::format("h.{}.", i);
+      w.require(&l.ln1_w, names(n + "ln_1.weight"), {d}, DummyInit::ones);
+      w.require(&l.ln1_b, names(n + "ln_1.bias"), {d}, DummyInit::bias);
+      w.require(&l.attn_w, names(n + "attn.c_attn.weight"), {d, 3 * d});
+      w.require(&l.attn_b, names(n + "attn.c_attn.bias"), {3 * d}, DummyInit::bias);
+      w.require(&l.proj_w, names(n + "attn.c_proj.weight"), {d, d});
+      w.require(&l.proj_b, names(n + "attn.c_proj.bias"), {d}, DummyInit::bias);
+      w.require(&l.ln2_w, names(n + "ln_2.weight"), {d}, DummyInit::ones);
+      w.require(&l.ln2_b, names(n + "ln_2.bias"), {d}, DummyInit::bias);
+      w.require(&l.fc_w, names(n + "mlp.c_fc.weight"), {d, inner});
+      w.require(&l.fc_b, names(n + "mlp.c_fc.bias"), {inner}, DummyInit::bias);
+      w.require(&l.fc_proj_w, names(n + "mlp.c_proj.weight"), {inner, d});
+      w.require(&l.fc_proj_b, names(n + "mlp.c_proj.bias"), {d}, DummyInit::bias);
+    }
+    w.require(&lnf_w, names("ln_f.weight"), {d}, DummyInit::ones);
+    w.require(&lnf_b, names("ln_f.bias"), {d}, DummyInit::bias);
+    if (!c.tie_word_embeddings) w.require(&lm_head, {"lm_head.weight"}, {c.vocab_size, d});
+  }
+
+  void plan() {
+    const auto& c = config_;
+    const DType act = activation_dtype();
+    const std::int64_t t = max_batch_tokens_, r = max_logit_rows_, d = c.hidden_size;
+    plan_workspace(&x, act, {t, d});
+    plan_workspace(&h, act, {t, d});
+    plan_workspace(&qkv, act, {t, heads.qkv_width()});
+    plan_workspace(&attn, act, {t, d});
+    plan_workspace(&mlp, act, {t, c.intermediate_size});
+    plan_workspace(&rows, act, {r, d});
+    plan_workspace(&rows_normed, act, {r, d});
+    plan_workspace(&logits, DType::f32, {r, c.vocab_size});
+    allocate_workspace();
+  }
+
+  Tensor run(const DeviceBatch& b, kv::KvCache& cache) override {
+    Backend& be = backend_;
+    const auto& c = config_;
+    const std::int64_t t = b.num_tokens, r = b.num_logit_rows;
+    Tensor xt = x.rows(0, t), ht = h.rows(0, t), qkvt = qkv.rows(0, t), at = attn.rows(0, t),
+           mt = mlp.rows(0, t);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    be.embedding(xt, b.token_ids, wte, wpe, b.positions);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
+      be.layer_norm(ht, xt, {}, l.ln1_w, l.ln1_b, c.norm_eps);
+      be.gemm(qkvt, ht, l.attn_w, WeightLayout::in_out, l.attn_b);
+      be.qk_transform_store(qkvt, heads, QkTransform{}, b, kvl);
+      be.attention(at, qkvt, heads, b, kvl, scale);
+      be.gemm(xt, at, l.proj_w, WeightLayout::in_out, l.proj_b, 1.0f);  // x += attn · W + b
+      be.layer_norm(ht, xt, {}, l.ln2_w, l.ln2_b, c.norm_eps);
+      be.gemm(mt, ht, l.fc_w, WeightLayout::in_out, l.fc_b);
+      be.gelu(mt);
+      be.gemm(xt, mt, l.fc_proj_w, WeightLayout::in_out, l.fc_proj_b, 1.0f);
+    }
+    if (r == 0) return logits.rows(0, 0);
+    Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);
+    be.gather_rows(rt, xt, b.logit_rows);
+    be.layer_norm(rn, rt, {}, lnf_w, lnf_b, c.norm_eps);
+    be.gemm(lt, rn, lm_head.empty() ? wte : lm_head, WeightLayout::out_in, {});
+    return lt;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const std::string& dir,
+                                 Backend& backend, WeightLoader& weights,
+                                 const ModelOptions& options) {
+  return Gpt2::create(config, dir, backend, weights, options);
+}
+
+}  // namespace xserv

@@ -1,0 +1,141 @@
+#include "models/model.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "core/mapped_file.hpp"
+#include "io/json.hpp"
+#include "models/model_registry.hpp"
+
+namespace xserv {
+
+namespace {
+
+struct ConfigIdentity {
+  std::string model_type;
+  std::vector<std::string> architectures;
+};
+
+ConfigIdentity read_identity(const std::string& text, const std::string& source) {
+  simdjson::dom::parser parser;
+  auto root = json::parse(parser, text, source);
+  simdjson::dom::object obj;
+  XSERV_CHECK(root.get_object().get(obj) == simdjson::SUCCESS, ErrorCode::format,
+              "{}: expected a JSON object", source);
+  ConfigIdentity id;
+  id.model_type = json::get_string(obj, "model_type", source).value_or("");
+  simdjson::dom::array arr;
+  if (obj.at_key("architectures").get_array().get(arr) == simdjson::SUCCESS) {
+    for (auto e : arr) {
+      std::string_view s;
+      if (e.get_string().get(s) == simdjson::SUCCESS) id.architectures.emplace_back(s);
+    }
+  }
+  return id;
+}
+
+std::string known_models() {
+  std::string s;
+  for (const auto& e : model_registry())
+    s += fmt::format("{}{} ({})", s.empty() ? "" : ", ", e.model_type, e.architecture);
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
+                                   const ModelOptions& options) {
+  const std::string config_path = dir + "/config.json";
+  const std::string text = read_file(config_path);
+  ConfigIdentity id = read_identity(text, config_path);
+  const ModelEntry* entry = find_model(id.model_type, id.architectures);
+  XSERV_CHECK(entry, ErrorCode::unsupported, "{}: model_type '{}' is not supported (known: {})",
+              config_path, id.model_type, known_models());
+  ModelConfig config = ModelConfig::parse(text, config_path);
+
+  std::unique_ptr<Checkpoint> checkpoint;
+  if (!options.dummy_weights) checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  WeightLoader weights(backend, checkpoint.get(), config.dtype, options.dummy_seed);
+  std::unique_ptr<Model> model = entry->make(config, dir, backend, weights, options);
+  model->checkpoint_ = std::move(checkpoint);
+  model->weight_buffers_ = weights.take_owned();
+  return model;
+}
+
+kv::KvSpec Model::kv_spec() const noexcept {
+  return kv::KvSpec{config_.num_layers, config_.num_kv_heads, config_.head_dim,
+                    activation_dtype()};
+}
+
+void Model::set_limits(const ModelOptions& options) {
+  XSERV_CHECK(options.max_batch_tokens > 0 && options.max_batch_tokens <= (1 << 20),
+              ErrorCode::invalid_argument, "max_batch_tokens {} (expected 1 ..= {})",
+              options.max_batch_tokens, 1 << 20);
+  XSERV_CHECK(options.max_logit_rows >= 0, ErrorCode::invalid_argument, "max_logit_rows {}",
+              options.max_logit_rows);
+  max_batch_tokens_ = options.max_batch_tokens;
+  max_logit_rows_ = options.max_logit_rows > 0
+                        ? std::min(options.max_logit_rows, max_batch_tokens_)
+                        : std::min(max_batch_tokens_, 256);
+}
+
+void Model::plan_workspace(Tensor* dst, DType dtype, Shape shape) {
+  planned_.push_back(Planned{dst, dtype, shape});
+}
+
+void Model::allocate_workspace() {
+  auto aligned = [](std::size_t b) { return (b + 63) / 64 * 64; };
+  std::size_t total = 0;
+  for (const auto& p : planned_)
+    total += aligned(static_cast<std::size_t>(p.shape.numel()) * dtype_size(p.dtype));
+  workspace_ = Buffer(backend_.allocator(), std::max<std::size_t>(total, 64));
+  auto* base = static_cast<std::uint8_t*>(workspace_.data());
+  std::size_t offset = 0;
+  for (const auto& p : planned_) {
+    *p.dst = Tensor(base + offset, p.dtype, p.shape, backend_.device());
+    offset += aligned(static_cast<std::size_t>(p.shape.numel()) * dtype_size(p.dtype));
+  }
+  planned_.clear();
+}
+
+Tensor Model::forward(const DeviceBatch& batch, kv::KvCache& cache) {
+  XSERV_CHECK(batch.num_tokens > 0 && batch.num_tokens <= max_batch_tokens_,
+              ErrorCode::invalid_argument, "forward: {} tokens (the workspace holds 1 ..= {})",
+              batch.num_tokens, max_batch_tokens_);
+  XSERV_CHECK(batch.num_logit_rows >= 0 && batch.num_logit_rows <= max_logit_rows_,
+              ErrorCode::invalid_argument, "forward: {} logit rows (at most {})",
+              batch.num_logit_rows, max_logit_rows_);
+  XSERV_CHECK(batch.max_context_len <= config_.max_position_embeddings,
+              ErrorCode::invalid_argument,
+              "forward: a context of {} tokens exceeds max_position_embeddings {}",
+              batch.max_context_len, config_.max_position_embeddings);
+  const kv::KvSpec want = kv_spec();
+  const kv::KvSpec& have = cache.spec();
+  XSERV_CHECK(have.num_layers == want.num_layers && have.num_kv_heads == want.num_kv_heads &&
+                  have.head_dim == want.head_dim && have.dtype == want.dtype,
+              ErrorCode::invalid_argument,
+              "forward: KV cache of {} layers x {} heads x {} ({}) does not fit a model of {} x "
+              "{} x {} ({})",
+              have.num_layers, have.num_kv_heads, have.head_dim, dtype_name(have.dtype),
+              want.num_layers, want.num_kv_heads, want.head_dim, dtype_name(want.dtype));
+  return run(batch, cache);
+}
+
+Tensor Model::forward(const ForwardBatch& batch, kv::KvCache& cache) {
+  batch.validate(cache.block_size());
+  for (std::size_t i = 0; i < batch.token_ids.size(); ++i)
+    XSERV_CHECK(batch.token_ids[i] >= 0 && batch.token_ids[i] < config_.vocab_size,
+                ErrorCode::invalid_argument, "forward: token {} at row {} is outside the vocab of {}",
+                batch.token_ids[i], i, config_.vocab_size);
+  const auto slots = static_cast<std::int64_t>(cache.capacity_tokens());
+  for (std::size_t i = 0; i < batch.slot_mapping.size(); ++i)
+    XSERV_CHECK(batch.slot_mapping[i] < slots, ErrorCode::invalid_argument,
+                "forward: slot {} at row {} is outside the cache of {} slots",
+                batch.slot_mapping[i], i, slots);
+  for (auto b : batch.block_tables)
+    XSERV_CHECK(b >= 0 && b < cache.num_blocks(), ErrorCode::invalid_argument,
+                "forward: block {} is outside the cache of {} blocks", b, cache.num_blocks());
+  return forward(backend_.upload_batch(batch), cache);
+}
+
+}  // namespace xserv

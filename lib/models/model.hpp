@@ -1,0 +1,104 @@
+// Model: a causal language model (GPT-2 or Qwen3 family) written once against the Backend ops.
+//
+// load() reads config.json, picks the architecture from the registry (model_type, then
+// architectures), makes every weight resident through backend.import_weight() (zero copy on the
+// CPU: the views point into the mmap'd checkpoint) and sizes the activation workspace once for
+// max_batch_tokens. forward() then runs a packed batch (prefill, decode or a mix) without
+// allocating and without waiting for the device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "io/model_config.hpp"
+#include "io/safetensors.hpp"
+#include "kv/kv_cache.hpp"
+
+namespace xserv {
+
+struct ModelOptions {
+  // Fill every weight in place with seeded random values instead of reading a checkpoint (only
+  // config.json is read): benchmarks of real shapes without the files.
+  bool dummy_weights = false;
+  std::uint64_t dummy_seed = 0;
+  // Largest number of tokens one forward may hold; the workspace is sized for it once.
+  std::int32_t max_batch_tokens = 512;
+  // Largest number of logits rows one forward may return (0: max_batch_tokens, capped at 256).
+  std::int32_t max_logit_rows = 0;
+  // Called after each weight is resident: (bytes done, bytes total).
+  std::function<void(std::size_t, std::size_t)> on_progress;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Throws Error(not_found | io | format) for missing or malformed files (a missing or
+  // mis-shaped tensor is Error(format) naming it and both shapes), Error(unsupported) for an
+  // unknown architecture.
+  static std::unique_ptr<Model> load(const std::string& dir, Backend& backend,
+                                     const ModelOptions& options = {});
+
+  const ModelConfig& config() const noexcept { return config_; }
+  const std::string& dir() const noexcept { return dir_; }
+  Backend& backend() const noexcept { return backend_; }
+  DType weight_dtype() const noexcept { return weight_dtype_; }
+  DType activation_dtype() const noexcept { return backend_.activation_dtype(weight_dtype_); }
+  std::int32_t max_batch_tokens() const noexcept { return max_batch_tokens_; }
+  std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
+  std::size_t weight_bytes() const noexcept { return weight_bytes_; }
+
+  // What a KV cache for this model holds per layer.
+  kv::KvSpec kv_spec() const noexcept;
+
+  // f32 logits [R, vocab] of the batch's logit rows, in workspace memory that the next forward
+  // overwrites. Throws Error(invalid_argument) when the batch is larger than the workspace or the
+  // cache does not fit the model. Enqueues work only: read the logits with backend.sample() or
+  // backend.download().
+  Tensor forward(const DeviceBatch& batch, kv::KvCache& cache);
+  // Validates and uploads a host batch, then forward(). Convenience for tests and tools.
+  Tensor forward(const ForwardBatch& batch, kv::KvCache& cache);
+
+ protected:
+  Model(ModelConfig config, std::string dir, Backend& backend)
+      : config_(std::move(config)), dir_(std::move(dir)), backend_(backend) {}
+
+  // The architecture's layers; batch and cache were checked by forward().
+  virtual Tensor run(const DeviceBatch& batch, kv::KvCache& cache) = 0;
+
+  // Declares a workspace tensor; allocate_workspace() then carves all of them from one Buffer
+  // (64-byte aligned each) and points `dst` at its piece. `dst` must be a member.
+  void plan_workspace(Tensor* dst, DType dtype, Shape shape);
+  void allocate_workspace();
+  // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options.
+  void set_limits(const ModelOptions& options);
+
+  ModelConfig config_;
+  std::string dir_;
+  Backend& backend_;
+  DType weight_dtype_ = DType::f32;
+  std::int32_t max_batch_tokens_ = 0;
+  std::int32_t max_logit_rows_ = 0;
+  std::size_t weight_bytes_ = 0;
+
+ private:
+  struct Planned {
+    Tensor* dst;
+    DType dtype;
+    Shape shape;
+  };
+  std::vector<Planned> planned_;
+  Buffer workspace_;
+  // Keep the weights alive: the mmap'd checkpoint (CPU views point into it) or dummy buffers.
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::vector<Buffer> weight_buffers_;
+};
+
+}  // namespace xserv

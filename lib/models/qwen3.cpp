@@ -1,0 +1,141 @@
+// Qwen3 dense (0.6B to 32B shapes): RMSNorm pre-norm blocks, separate q/k/v projections
+// ([out, in] Linear weights, used as stored) writing column slices of one packed qkv buffer,
+// per-head q/k RMSNorm + neox RoPE, grouped-query attention with an explicit head_dim (which may
+// differ from hidden / heads), SwiGLU MLP, tied or untied lm_head.
+#include <cmath>
+
+#include "core/error.hpp"
+#include "models/model_registry.hpp"
+
+namespace xserv {
+
+namespace {
+
+class Qwen3 final : public Model {
+ public:
+  Qwen3(const ModelConfig& c, const std::string& dir, Backend& b) : Model(c, dir, b) {}
+
+  struct Layer {
+    Tensor in_norm, q_w, k_w, v_w, q_b, k_b, v_b, q_norm, k_norm, o_w, post_norm;
+    Tensor gate_w, up_w, down_w;
+  };
+  Tensor embed, final_norm, lm_head;
+  std::vector<Layer> layers;
+  HeadGeometry heads;
+  // Workspace: residual x, normed h, packed qkv [T, (hq + 2 hkv) * head_dim], attention output,
+  // packed gate|up [T, 2I], SwiGLU output, and the head's rows, their norm and the logits.
+  Tensor x, h, qkv, attn, gate_up, act, rows, rows_normed, logits;
+
+  static std::unique_ptr<Model> create(const ModelConfig& config, const std::string& dir,
+                                       Backend& backend, WeightLoader& weights,
+                                       const ModelOptions& options) {
+    XSERV_CHECK(config.activation == "silu", ErrorCode::unsupported,
+                "{}/config.json: hidden_act '{}' is not supported (silu)", dir, config.activation);
+    auto m = std::make_unique<Qwen3>(config, dir, backend);
+    m->set_limits(options);
+    m->heads = HeadGeometry{config.num_heads, config.num_kv_heads, config.head_dim};
+    m->declare(weights);
+    m->weight_bytes_ = weights.load(options.on_progress);
+    m->weight_dtype_ = m->embed.dtype;
+    m->plan();
+    return m;
+  }
+
+  void declare(WeightLoader& w) {
+    const auto& c = config_;
+    const std::int64_t d = c.hidden_size, inner = c.intermediate_size, hd = c.head_dim;
+    const std::int64_t q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
+    w.require(&embed, {"model.embed_tokens.weight"}, {c.vocab_size, d});
+    layers.resize(static_cast<std::size_t>(c.num_layers));
+    for (std::int32_t i = 0; i < c.num_layers; ++i) {
+      Layer& l = layers[static_cast<std::size_t>(i)];
+      const std::string n = fmt::format("model.layers.{}.", i);
+      w.require(&l.in_norm, {n + "input_layernorm.weight"}, {d}, DummyInit::ones);
+      w.require(&l.q_w, {n + "self_attn.q_proj.weight"}, {q_out, d});
+      w.require(&l.k_w, {n + "self_attn.k_proj.weight"}, {kv_out, d});
+      w.require(&l.v_w, {n + "self_attn.v_proj.weight"}, {kv_out, d});
+      // Qwen3 has no attention bias by default (attention_bias: false); honour one if present.
+      w.optional(&l.q_b, {n + "self_attn.q_proj.bias"}, {q_out});
+      w.optional(&l.k_b, {n + "self_attn.k_proj.bias"}, {kv_out});
+      w.optional(&l.v_b, {n + "self_attn.v_proj.bias"}, {kv_out});
+      w.require(&l.q_norm, {n + "self_attn.q_norm.weight"}, {hd}, DummyInit::ones);
+      w.require(&l.k_norm, {n + "self_attn.k_norm.weight"}, {hd}, DummyInit::ones);
+      w.require(&l.o_w, {n + "self_attn.o_proj.weight"}, {d, q_out});
+      w.require(&l.post_norm, {n + "post_attention_layernorm.weight"}, {d}, DummyInit::ones);
+      w.require(&l.gate_w, {n + "mlp.gate_proj.weight"}, {inner, d});
+      w.require(&l.up_w, {n + "mlp.up_proj.weight"}, {inner, d});
+      w.require(&l.down_w, {n + "mlp.down_proj.weight"}, {d, inner});
+    }
+    w.require(&final_norm, {"model.norm.weight"}, {d}, DummyInit::ones);
+    if (!c.tie_word_embeddings) w.require(&lm_head, {"lm_head.weight"}, {c.vocab_size, d});
+  }
+
+  void plan() {
+    const auto& c = config_;
+    const DType a = activation_dtype();
+    const std::int64_t t = max_batch_tokens_, r = max_logit_rows_, d = c.hidden_size;
+    plan_workspace(&x, a, {t, d});
+    plan_workspace(&h, a, {t, d});
+    plan_workspace(&qkv, a, {t, heads.qkv_width()});
+    plan_workspace(&attn, a, {t, static_cast<std::int64_t>(c.num_heads) * c.head_dim});
+    plan_workspace(&gate_up, a, {t, 2 * static_cast<std::int64_t>(c.intermediate_size)});
+    plan_workspace(&act, a, {t, c.intermediate_size});
+    plan_workspace(&rows, a, {r, d});
+    plan_workspace(&rows_normed, a, {r, d});
+    plan_workspace(&logits, DType::f32, {r, c.vocab_size});
+    allocate_workspace();
+  }
+
+  // Columns [col, col + n) of a packed [t, width] activation, for a GEMM with out_row_stride.
+  static Tensor columns(const Tensor& packed, std::int64_t t, std::int64_t col, std::int64_t n) {
+    auto* base = static_cast<std::uint8_t*>(packed.data) +
+                 static_cast<std::size_t>(col) * dtype_size(packed.dtype);
+    return Tensor(base, packed.dtype, {t, n}, packed.device);
+  }
+
+  Tensor run(const DeviceBatch& b, kv::KvCache& cache) override {
+    Backend& be = backend_;
+    const auto& c = config_;
+    const std::int64_t t = b.num_tokens, r = b.num_logit_rows;
+    const std::int64_t hd = c.head_dim, q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
+    const std::int64_t width = heads.qkv_width(), inner = c.intermediate_size;
+    Tensor xt = x.rows(0, t), ht = h.rows(0, t), qkvt = qkv.rows(0, t), at = attn.rows(0, t),
+           gu = gate_up.rows(0, t), actt = act.rows(0, t);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    be.embedding(xt, b.token_ids, embed, {}, {});
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const Layer& l = layers[i];
+      const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
+      be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
+      be.gemm(columns(qkvt, t, 0, q_out), ht, l.q_w, WeightLayout::out_in, l.q_b, 0.0f, width);
+      be.gemm(columns(qkvt, t, q_out, kv_out), ht, l.k_w, WeightLayout::out_in, l.k_b, 0.0f, width);
+      be.gemm(columns(qkvt, t, q_out + kv_out, kv_out), ht, l.v_w, WeightLayout::out_in, l.v_b,
+              0.0f, width);
+      QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
+      be.qk_transform_store(qkvt, heads, qk, b, kvl);
+      be.attention(at, qkvt, heads, b, kvl, scale);
+      be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, 1.0f);  // x += attn · Wo
+      be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
+      be.gemm(columns(gu, t, 0, inner), ht, l.gate_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+      be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+      be.swiglu(actt, gu);
+      be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, 1.0f);  // x += mlp
+    }
+    if (r == 0) return logits.rows(0, 0);
+    Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);
+    be.gather_rows(rt, xt, b.logit_rows);
+    be.rms_norm(rn, rt, {}, final_norm, c.norm_eps);
+    be.gemm(lt, rn, lm_head.empty() ? embed : lm_head, WeightLayout::out_in, {});
+    return lt;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3(const ModelConfig& config, const std::string& dir,
+                                  Backend& backend, WeightLoader& weights,
+                                  const ModelOptions& options) {
+  return Qwen3::create(config, dir, backend, weights, options);
+}
+
+}  // namespace xserv
