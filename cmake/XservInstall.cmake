@@ -1,4 +1,6 @@
-# find_package(xserv CONFIG) support, pkg-config file, headers and the library.
+# `cmake --install`: the public headers (xserv.h and include/xserv/*.hpp), libxserv, the CMake
+# package (xservConfig.cmake + version file + exported target xserv::xserv) and xserv.pc.
+# Nothing from lib/ is installed: the internals are inside libxserv and hidden.
 include(CMakePackageConfigHelpers)
 
 install(TARGETS xserv EXPORT xservTargets
@@ -10,21 +12,47 @@ install(FILES ${PROJECT_SOURCE_DIR}/capi/xserv.h DESTINATION ${CMAKE_INSTALL_INC
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/xserv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.hpp")
 
-# A static libxserv carries its internal dependencies; the shared one hides them.
-if(XSERV_BUILD_SHARED)
-  set(XSERV_PC_PRIVATE_LIBS "")
-else()
-  install(TARGETS xserv_internal EXPORT xservTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-  set(XSERV_PC_PRIVATE_LIBS "-lxserv_internal -lsimdjson -lfmt -lpcre2-8 -lutf8proc -lstdc++ -lpthread")
+# A shared libxserv carries its dependencies (DT_NEEDED); a static one leaves them to its
+# users, so xserv.pc names them in Libs.private (pkg-config --static) and xservConfig.cmake
+# finds them again (see xservConfig.cmake.in).
+set(XSERV_PC_PRIVATE_LIBS "")
+if(NOT XSERV_BUILD_SHARED)
+  set(XSERV_PC_PRIVATE_LIBS "-lsimdjson -lfmt -lpcre2-8 -lutf8proc")
+  if(XSERV_HAVE_BLAS)
+    string(APPEND XSERV_PC_PRIVATE_LIBS " -lopenblas")
+  endif()
+  if(XSERV_HAVE_CUDA)
+    string(APPEND XSERV_PC_PRIVATE_LIBS
+           " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcublas -lcudart_static -ldl -lrt")
+  endif()
+  string(APPEND XSERV_PC_PRIVATE_LIBS " -lstdc++ -lm -pthread")
 endif()
 
 install(EXPORT xservTargets NAMESPACE xserv:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/xservConfig.cmake.in
   ${PROJECT_BINARY_DIR}/xservConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
+# 0.x: every minor version may change the ABI (the SONAME says which), so only the same
+# major.minor is compatible; from 1.0 on this becomes SameMajorVersion.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/xservConfigVersion.cmake
-  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/xservConfig.cmake ${PROJECT_BINARY_DIR}/xservConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
 
+# xserv.pc finds its prefix relative to itself (${pcfiledir}), so `cmake --install --prefix P`
+# and a moved install tree both work, whatever CMAKE_INSTALL_PREFIX was at configure time.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(XSERV_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(XSERV_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  file(RELATIVE_PATH xserv_pc_up "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+  string(REGEX REPLACE "/$" "" xserv_pc_up "${xserv_pc_up}")
+  set(XSERV_PC_PREFIX "\${pcfiledir}/${xserv_pc_up}")
+  set(XSERV_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(XSERV_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+else()
+  set(XSERV_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/xserv.pc.in ${PROJECT_BINARY_DIR}/xserv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/xserv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
