@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -155,6 +156,18 @@ class Backend {
   // One token per logits row (logits [R, V] f32; modified in place by penalties/temperature).
   // Writes R ids to out_ids (host memory) and waits for them: the only host wait of a step.
   virtual void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) = 0;
+
+  // ---- graphs --------------------------------------------------------------------------
+  // Runs `ops`: op calls whose launch shapes depend only on `key` (e.g. a decode step at one
+  // padded batch size) and on the last upload_batch's shape. A backend may record them once and
+  // replay the recording on later calls with the same key and shape (CUDA graphs) without
+  // calling `ops` again, so `ops` must only enqueue ops (no host-side effects, no waits) and
+  // read every input through memory whose address is the same on each call (upload_batch's
+  // views, buffers allocated once). Default: just runs them.
+  virtual void run_graph(std::uint64_t key, const std::function<void()>& ops) {
+    (void)key;
+    ops();
+  }
 };
 
 // Creates the backend for a device kind. Throws Error(unsupported) for CUDA when xserv was

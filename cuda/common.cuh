@@ -1,0 +1,102 @@
+// Device helpers shared by the kernel files: element conversions, vector loads, warp and block
+// reductions. Activations are float (f32 models) or __nv_bfloat16 (bf16/f16 models); every
+// kernel computes in f32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <cfloat>
+#include <cstdint>
+
+namespace xserv::cuda {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// N consecutive elements starting at p (16-byte aligned when N * sizeof(T) is a multiple of 16)
+// read into f32 registers with 16-byte loads.
+template <typename T, int N>
+__device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
+  constexpr int per_vec = 16 / sizeof(T);
+  if constexpr (N % per_vec == 0) {
+#pragma unroll
+    for (int v = 0; v < N / per_vec; ++v) {
+      uint4 raw = reinterpret_cast<const uint4*>(p)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < per_vec; ++i) out[v * per_vec + i] = to_f32(e[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32(p[i]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
+  constexpr int per_vec = 16 / sizeof(T);
+  if constexpr (N % per_vec == 0) {
+#pragma unroll
+    for (int v = 0; v < N / per_vec; ++v) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < per_vec; ++i) e[i] = from_f32<T>(in[v * per_vec + i]);
+      reinterpret_cast<uint4*>(p)[v] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+// `scratch` holds 32 floats; the call starts with a barrier so scratch can be reused at once.
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+  x = warp_sum(x);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  x = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(x);
+}
+
+__device__ __forceinline__ float block_max(float x, float* scratch) {
+  x = warp_max(x);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  x = lane < warps ? scratch[lane] : -FLT_MAX;
+  return warp_max(x);
+}
+
+inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace xserv::cuda

@@ -1,0 +1,712 @@
+// CudaBackend: the Backend ops on one NVIDIA GPU.
+//
+// Design (what the rest of xserv can rely on):
+// - One stream. Ops enqueue and return; only download(), sample() and synchronize() wait, and
+//   sample() waits only for the R sampled ids.
+// - Memory comes from DeviceArenas (few large cudaMallocs): one for weights (bump, 1 GiB chunks),
+//   one behind allocator() for KV pools, activation workspaces and the backend's own scratch.
+//   Never managed memory.
+// - Weights are copied from the mmap'd checkpoint through a ring of pinned staging buffers: the
+//   host copy of chunk i+1 (several threads) overlaps the DMA of chunk i. f16 weights become
+//   bf16 on the device (activations of 16-bit models are bf16, and every kernel reads weights in
+//   the activation dtype).
+// - upload_batch writes into fixed device buffers (addresses change only when a batch outgrows
+//   them), so a recorded CUDA graph of a decode step stays valid; block tables are re-strided to
+//   a power of two (DeviceBatch::max_blocks_per_seq says which) so the stride seldom changes.
+// - run_graph: the first call with a key runs the ops eagerly (kernels load, GEMM plans and
+//   scratch settle), the second records them into a CUDA graph, later calls replay it. The key
+//   is combined with the last upload_batch's shape, including the power-of-two bucket of the
+//   longest context that sizes split-KV decode.
+#include "cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <tuple>
+
+#include "core/thread_pool.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_arena.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/kernels.hpp"
+
+namespace xserv::cuda {
+namespace {
+
+constexpr std::size_t weight_chunk_bytes = std::size_t{1} << 30;
+constexpr std::size_t work_chunk_bytes = std::size_t{256} << 20;
+constexpr std::size_t staging_bytes = std::size_t{64} << 20;
+constexpr int staging_count = 3;
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// Page-locked host memory: the only kind the copy engines read asynchronously.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t bytes) : bytes_(bytes) {
+    XSERV_CUDA_CHECK(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault));
+  }
+  ~PinnedBuffer() {
+    if (data_) (void)cudaFreeHost(data_);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) { o.data_ = nullptr; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  char* data() const noexcept { return static_cast<char*>(data_); }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// Where each array of a ForwardBatch lives inside the fixed batch buffers (in int32 elements).
+struct BatchLayout {
+  std::int64_t cap_tokens = 0, cap_seqs = 0, cap_table = 0;
+  std::int64_t tokens = 0, positions = 0, slots = 0, query_start = 0, context_lens = 0,
+               logit_rows = 0, block_tables = 0, total = 0;
+  static BatchLayout make(std::int64_t t, std::int64_t s, std::int64_t table) {
+    BatchLayout l;
+    l.cap_tokens = t;
+    l.cap_seqs = s;
+    l.cap_table = table;
+    std::int64_t off = 0;
+    auto take = [&](std::int64_t n) {
+      const std::int64_t at = off;
+      off += (n + 63) / 64 * 64;  // 256-byte aligned sections
+      return at;
+    };
+    l.tokens = take(t);
+    l.positions = take(t);
+    l.slots = take(t);
+    l.logit_rows = take(t);
+    l.query_start = take(s + 1);
+    l.context_lens = take(s);
+    l.block_tables = take(table);
+    l.total = off;
+    return l;
+  }
+};
+
+std::int32_t next_pow2(std::int32_t v) {
+  return v <= 1 ? 1 : static_cast<std::int32_t>(std::bit_ceil(static_cast<std::uint32_t>(v)));
+}
+
+bool is_act(DType t) { return t == DType::f32 || t == DType::bf16; }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  Device device() const noexcept override { return {DeviceKind::cuda, device_index_}; }
+  std::string name() const override { return name_; }
+  DType activation_dtype(DType weights) const noexcept override {
+    return weights == DType::f32 ? DType::f32 : DType::bf16;
+  }
+
+  Allocator& allocator() noexcept override { return work_; }
+  Tensor import_weight(const Tensor& host) override;
+  void upload(Tensor dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void fill_zero(Tensor dst) override;
+  DeviceBatch upload_batch(const ForwardBatch& batch) override;
+  void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
+                 const Tensor& positions) override;
+  void layer_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                  const Tensor& bias, float eps) override;
+  void rms_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                float eps) override;
+  void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
+            float beta, std::int64_t out_row_stride) override;
+  void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                          const DeviceBatch& batch, KvLayer cache) override;
+  void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
+                 const DeviceBatch& batch, const KvLayer& cache, float scale) override;
+  void gelu(Tensor x) override;
+  void swiglu(Tensor out, const Tensor& gate_up) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+  void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
+  void run_graph(std::uint64_t key, const std::function<void()>& ops) override;
+
+ private:
+  void stage_to_device(char* dst, const char* src, std::size_t bytes);
+  void host_copy(char* dst, const char* src, std::size_t bytes);
+  void norm(const char* op, bool rms, Tensor out, const Tensor& x, Tensor residual,
+            const Tensor& weight, const Tensor& bias, float eps);
+  // Grows a scratch buffer of the work arena; growing drops recorded graphs (they hold the old
+  // address), and is refused while recording.
+  void ensure_scratch(Buffer& buf, std::size_t bytes);
+  void clear_graphs() noexcept;
+
+  int device_index_;
+  std::string name_;
+  int sm_count_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceArena weights_;
+  DeviceArena work_;
+  std::unique_ptr<Gemm> gemm_;
+
+  // Weight upload.
+  std::vector<PinnedBuffer> staging_;
+  std::vector<cudaEvent_t> staging_events_;
+  int staging_cur_ = 0;
+  std::size_t staging_used_ = 0;
+  Buffer transit_;  // f16 weights land here before their conversion to bf16
+  std::unique_ptr<ThreadPool> copy_pool_;
+
+  // Batch metadata: fixed buffers, reused by every upload_batch.
+  BatchLayout batch_layout_;
+  PinnedBuffer batch_host_;
+  Buffer batch_device_;
+  cudaEvent_t batch_copied_ = nullptr;  // the last upload's copies left batch_host_
+  std::tuple<std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t>
+      batch_shape_{};
+
+  // Split-KV partials and sampling inputs.
+  Buffer split_scratch_;
+  PinnedBuffer sample_host_;
+  Buffer sample_device_;
+  Buffer token_counts_;
+
+  // CUDA graphs keyed by (caller's key, batch shape).
+  struct Graph {
+    bool warmed = false;
+    cudaGraphExec_t exec = nullptr;
+  };
+  using GraphKey = std::tuple<std::uint64_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
+                              std::int32_t, std::int32_t>;
+  std::map<GraphKey, Graph> graphs_;
+  bool capturing_ = false;
+};
+
+CudaBackend::CudaBackend(const BackendOptions& options)
+    : device_index_(options.device_index),
+      weights_(options.device_index, weight_chunk_bytes),
+      work_(options.device_index, work_chunk_bytes) {
+  int count = 0;
+  XSERV_CUDA_CHECK(cudaGetDeviceCount(&count));
+  XSERV_CHECK(device_index_ >= 0 && device_index_ < count, ErrorCode::cuda,
+              "CUDA device {} requested, {} visible", device_index_, count);
+  XSERV_CUDA_CHECK(cudaSetDevice(device_index_));
+  cudaDeviceProp prop{};
+  XSERV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index_));
+  sm_count_ = prop.multiProcessorCount;
+  name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
+  XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
+  gemm_ = std::make_unique<Gemm>(stream_, work_);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) (void)cudaStreamSynchronize(stream_);
+  clear_graphs();
+  gemm_.reset();
+  for (auto e : staging_events_) (void)cudaEventDestroy(e);
+  if (batch_copied_) (void)cudaEventDestroy(batch_copied_);
+  // Buffers from work_ are released by their own destructors before work_ (declared earlier).
+  transit_ = Buffer();
+  batch_device_ = Buffer();
+  split_scratch_ = Buffer();
+  sample_device_ = Buffer();
+  token_counts_ = Buffer();
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::clear_graphs() noexcept {
+  for (auto& [k, g] : graphs_)
+    if (g.exec) (void)cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+}
+
+void CudaBackend::ensure_scratch(Buffer& buf, std::size_t bytes) {
+  if (buf.size() >= bytes) return;
+  XSERV_CHECK(!capturing_, ErrorCode::internal,
+              "CUDA graph capture needs {} bytes of scratch that warm-up did not allocate", bytes);
+  clear_graphs();
+  const std::size_t grown = round_up(std::max(bytes, buf.size() * 2), 1 << 20);
+  buf = Buffer();
+  buf = Buffer(work_, grown);
+}
+
+// ---- memory ------------------------------------------------------------------------------
+
+void CudaBackend::host_copy(char* dst, const char* src, std::size_t bytes) {
+  constexpr std::size_t piece = std::size_t{4} << 20;
+  if (bytes <= piece) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  if (!copy_pool_) {
+    const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+    copy_pool_ = std::make_unique<ThreadPool>(std::min<std::size_t>(hw, 8));
+  }
+  // Reading the mmap'd file (page cache) is the slow side of a load: several threads fault and
+  // copy pages at once.
+  copy_pool_->parallel_for((bytes + piece - 1) / piece, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      const std::size_t off = i * piece;
+      std::memcpy(dst + off, src + off, std::min(piece, bytes - off));
+    }
+  });
+}
+
+void CudaBackend::stage_to_device(char* dst, const char* src, std::size_t bytes) {
+  if (staging_.empty()) {
+    for (int i = 0; i < staging_count; ++i) {
+      staging_.emplace_back(staging_bytes);
+      cudaEvent_t e = nullptr;
+      XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      staging_events_.push_back(e);
+    }
+  }
+  for (std::size_t off = 0; off < bytes;) {
+    const std::size_t n = std::min(staging_bytes, bytes - off);
+    if (staging_used_ + n > staging_bytes) {
+      // Next buffer of the ring; its last DMA must be done before the host overwrites it.
+      staging_cur_ = (staging_cur_ + 1) % staging_count;
+      XSERV_CUDA_CHECK(cudaEventSynchronize(staging_events_[staging_cur_]));
+      staging_used_ = 0;
+    }
+    char* pinned = staging_[staging_cur_].data() + staging_used_;
+    host_copy(pinned, src + off, n);
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(dst + off, pinned, n, cudaMemcpyHostToDevice, stream_));
+    XSERV_CUDA_CHECK(cudaEventRecord(staging_events_[staging_cur_], stream_));
+    staging_used_ += round_up(n, 256);
+    off += n;
+  }
+}
+
+Tensor CudaBackend::import_weight(const Tensor& host) {
+  XSERV_CHECK(host.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument,
+              "import_weight: the source must be host memory");
+  const DType dt = host.dtype == DType::f16 ? DType::bf16 : host.dtype;
+  const std::size_t bytes = static_cast<std::size_t>(host.numel()) * dtype_size(dt);
+  auto* dst = static_cast<char*>(weights_.allocate(bytes));
+  const auto* src = static_cast<const char*>(host.data);
+  if (host.dtype == DType::f16) {
+    if (!transit_) transit_ = Buffer(work_, staging_bytes);
+    const std::size_t elems_per = staging_bytes / 2;
+    for (std::int64_t e = 0; e < host.numel(); e += static_cast<std::int64_t>(elems_per)) {
+      const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(elems_per), host.numel() - e);
+      stage_to_device(static_cast<char*>(transit_.data()), src + e * 2, static_cast<std::size_t>(n) * 2);
+      launch_convert(stream_, DType::f16, DType::bf16, transit_.data(), dst + e * 2, n);
+    }
+  } else {
+    stage_to_device(dst, src, bytes);
+  }
+  return Tensor(dst, dt, host.shape, device());
+}
+
+void CudaBackend::upload(Tensor dst, const void* host_src) {
+  if (dst.bytes() == 0) return;
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::download(void* host_dst, const Tensor& src) {
+  if (src.bytes() > 0)
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+  XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::fill_zero(Tensor dst) {
+  if (dst.bytes() > 0) XSERV_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream_));
+}
+
+DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
+  const std::int64_t t = b.num_tokens(), s = b.num_seqs(), r = static_cast<std::int64_t>(b.logit_rows.size());
+  XSERV_CHECK(b.positions.size() == static_cast<std::size_t>(t) &&
+                  b.slot_mapping.size() == static_cast<std::size_t>(t) &&
+                  b.query_start.size() == static_cast<std::size_t>(s + 1) && r <= t &&
+                  b.block_tables.size() == static_cast<std::size_t>(s * b.max_blocks_per_seq),
+              ErrorCode::invalid_argument, "upload_batch: inconsistent batch sizes");
+  const std::int32_t stride = std::max(8, next_pow2(b.max_blocks_per_seq));
+  if (t > batch_layout_.cap_tokens || s > batch_layout_.cap_seqs || s * stride > batch_layout_.cap_table) {
+    XSERV_CHECK(!capturing_, ErrorCode::internal, "upload_batch while recording a CUDA graph");
+    if (batch_copied_) XSERV_CUDA_CHECK(cudaEventSynchronize(batch_copied_));
+    const auto layout = BatchLayout::make(std::max<std::int64_t>(t, std::max<std::int64_t>(1024, batch_layout_.cap_tokens)),
+                                          std::max<std::int64_t>(s, std::max<std::int64_t>(256, batch_layout_.cap_seqs)),
+                                          std::max<std::int64_t>(s * stride, std::max<std::int64_t>(256 * 64, batch_layout_.cap_table * 2)));
+    clear_graphs();
+    batch_device_ = Buffer();
+    batch_device_ = Buffer(work_, static_cast<std::size_t>(layout.total) * 4);
+    batch_host_ = PinnedBuffer(static_cast<std::size_t>(layout.total) * 4);
+    batch_layout_ = layout;
+  }
+  // The previous upload's copies must have left the pinned buffer before it is rewritten.
+  XSERV_CUDA_CHECK(cudaEventSynchronize(batch_copied_));
+  const BatchLayout& l = batch_layout_;
+  auto* host = reinterpret_cast<std::int32_t*>(batch_host_.data());
+  auto* dev = static_cast<std::int32_t*>(batch_device_.data());
+  auto put = [&](std::int64_t off, const std::int32_t* src, std::int64_t n) {
+    if (n <= 0) return;
+    std::memcpy(host + off, src, static_cast<std::size_t>(n) * 4);
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(dev + off, host + off, static_cast<std::size_t>(n) * 4,
+                                     cudaMemcpyHostToDevice, stream_));
+  };
+  put(l.tokens, b.token_ids.data(), t);
+  put(l.positions, b.positions.data(), t);
+  put(l.slots, b.slot_mapping.data(), t);
+  put(l.logit_rows, b.logit_rows.data(), r);
+  put(l.query_start, b.query_start.data(), s + 1);
+  put(l.context_lens, b.context_lens.data(), s);
+  if (s > 0) {
+    std::int32_t* table = host + l.block_tables;
+    std::fill(table, table + s * stride, 0);
+    for (std::int64_t i = 0; i < s; ++i)
+      std::copy_n(b.block_tables.data() + i * b.max_blocks_per_seq, b.max_blocks_per_seq, table + i * stride);
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(dev + l.block_tables, table, static_cast<std::size_t>(s * stride) * 4,
+                                     cudaMemcpyHostToDevice, stream_));
+  }
+  XSERV_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
+
+  DeviceBatch d;
+  const Device dv = device();
+  d.token_ids = Tensor(dev + l.tokens, DType::i32, {t}, dv);
+  d.positions = Tensor(dev + l.positions, DType::i32, {t}, dv);
+  d.slot_mapping = Tensor(dev + l.slots, DType::i32, {t}, dv);
+  d.logit_rows = Tensor(dev + l.logit_rows, DType::i32, {r}, dv);
+  d.query_start = Tensor(dev + l.query_start, DType::i32, {s + 1}, dv);
+  d.context_lens = Tensor(dev + l.context_lens, DType::i32, {s}, dv);
+  d.block_tables = Tensor(dev + l.block_tables, DType::i32, {s, stride}, dv);
+  d.num_tokens = static_cast<std::int32_t>(t);
+  d.num_seqs = static_cast<std::int32_t>(s);
+  d.num_logit_rows = static_cast<std::int32_t>(r);
+  d.max_query_len = b.max_query_len();
+  d.max_context_len = b.max_context_len();
+  d.max_blocks_per_seq = stride;
+  batch_shape_ = {d.num_tokens, d.num_seqs, d.num_logit_rows, d.max_query_len,
+                  std::max(256, next_pow2(d.max_context_len)), stride};
+  return d;
+}
+
+// ---- ops ---------------------------------------------------------------------------------
+
+void CudaBackend::embedding(Tensor out, const Tensor& ids, const Tensor& table,
+                            const Tensor& pos_table, const Tensor& positions) {
+  const DType dt = out.dtype;
+  XSERV_CHECK(is_act(dt) && table.dtype == dt && (pos_table.empty() || pos_table.dtype == dt) &&
+                  ids.dtype == DType::i32 && out.shape.rank() == 2 && table.shape.rank() == 2 &&
+                  table.shape[1] == out.shape[1] && ids.numel() == out.shape[0] &&
+                  (pos_table.empty() || (positions.numel() == out.shape[0] &&
+                                         pos_table.shape[1] == out.shape[1])),
+              ErrorCode::invalid_argument,
+              "embedding: out {} ({}), ids {}, table {} ({}), pos_table {} do not fit", out.shape,
+              dtype_name(dt), ids.shape, table.shape, dtype_name(table.dtype), pos_table.shape);
+  launch_embedding(stream_, dt, out.data, ids.as<std::int32_t>(), table.data,
+                   pos_table.empty() ? nullptr : pos_table.data,
+                   pos_table.empty() ? nullptr : positions.as<std::int32_t>(), out.shape[0],
+                   out.shape[1], table.shape[0], pos_table.empty() ? 0 : pos_table.shape[0]);
+}
+
+void CudaBackend::norm(const char* op, bool rms, Tensor out, const Tensor& x, Tensor residual,
+                       const Tensor& weight, const Tensor& bias, float eps) {
+  const DType dt = x.dtype;
+  const std::int64_t dim = x.shape.back();
+  const std::int64_t rows = dim ? x.numel() / dim : 0;
+  XSERV_CHECK(is_act(dt) && out.dtype == dt && out.numel() == x.numel() && weight.dtype == dt &&
+                  weight.numel() == dim && (bias.empty() || (bias.dtype == dt && bias.numel() == dim)) &&
+                  (residual.empty() || (residual.dtype == dt && residual.numel() == x.numel())),
+              ErrorCode::invalid_argument,
+              "{}: x {} ({}), out {}, residual {}, weight {} ({}), bias {} do not fit", op, x.shape,
+              dtype_name(dt), out.shape, residual.shape, weight.shape, dtype_name(weight.dtype),
+              bias.shape);
+  launch_norm(stream_, dt, rms, out.data, x.data, residual.empty() ? nullptr : residual.data,
+              weight.data, bias.empty() ? nullptr : bias.data, eps, rows, dim);
+}
+
+void CudaBackend::layer_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                             const Tensor& bias, float eps) {
+  norm("layer_norm", false, out, x, residual, weight, bias, eps);
+}
+
+void CudaBackend::rms_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                           float eps) {
+  norm("rms_norm", true, out, x, residual, weight, Tensor(), eps);
+}
+
+void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                       const Tensor& bias, float beta, std::int64_t out_row_stride) {
+  XSERV_CHECK(a.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2,
+              ErrorCode::invalid_argument, "gemm: a {}, w {}, out {} must be matrices", a.shape,
+              w.shape, out.shape);
+  const std::int64_t m = a.shape[0], k = a.shape[1];
+  const std::int64_t wk = layout == WeightLayout::in_out ? w.shape[0] : w.shape[1];
+  const std::int64_t n = layout == WeightLayout::in_out ? w.shape[1] : w.shape[0];
+  const std::int64_t ldo = out_row_stride ? out_row_stride : n;
+  XSERV_CHECK(wk == k && out.shape[0] == m && out.shape[1] == n && ldo >= n &&
+                  (bias.empty() || bias.numel() == n),
+              ErrorCode::invalid_argument, "gemm: a {} . w {} ({}) does not give out {} (bias {})",
+              a.shape, w.shape, layout == WeightLayout::in_out ? "in_out" : "out_in", out.shape,
+              bias.shape);
+  XSERV_CHECK(is_act(a.dtype) && w.dtype == a.dtype && (out.dtype == a.dtype || out.dtype == DType::f32) &&
+                  (bias.empty() || (bias.dtype == a.dtype && out.dtype == a.dtype)),
+              ErrorCode::unsupported, "gemm: a {}, w {}, out {}, bias {} is not a supported dtype mix",
+              dtype_name(a.dtype), dtype_name(w.dtype), dtype_name(out.dtype),
+              bias.empty() ? "none" : dtype_name(bias.dtype));
+  gemm_->run(a.dtype, out.dtype, out.data, ldo, a.data, w.data, layout,
+             bias.empty() ? nullptr : bias.data, beta, m, n, k);
+}
+
+void CudaBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                                     const DeviceBatch& batch, KvLayer cache) {
+  const DType dt = qkv.dtype;
+  const std::int64_t rows = qkv.shape[0];
+  XSERV_CHECK(is_act(dt) && qkv.shape.rank() == 2 && qkv.shape[1] == heads.qkv_width() &&
+                  rows == batch.num_tokens && cache.k.dtype == dt && cache.v.dtype == dt &&
+                  cache.k.shape.rank() == 4 && cache.k.shape[2] == heads.n_kv_heads &&
+                  cache.k.shape[3] == heads.head_dim && heads.head_dim <= max_head_dim &&
+                  heads.head_dim % 2 == 0 &&
+                  (t.q_norm.empty() || (t.q_norm.dtype == dt && t.q_norm.numel() == heads.head_dim)) &&
+                  (t.k_norm.empty() || (t.k_norm.dtype == dt && t.k_norm.numel() == heads.head_dim)),
+              ErrorCode::invalid_argument,
+              "qk_transform_store: qkv {} ({}) with {}+2x{} heads of {}, cache {} ({}) do not fit",
+              qkv.shape, dtype_name(dt), heads.n_q_heads, heads.n_kv_heads, heads.head_dim,
+              cache.k.shape, dtype_name(cache.k.dtype));
+  QkTransformParams p;
+  p.qkv = qkv.data;
+  p.qkv_stride = qkv.shape[1];
+  p.q_norm = t.q_norm.empty() ? nullptr : t.q_norm.data;
+  p.k_norm = t.k_norm.empty() ? nullptr : t.k_norm.data;
+  p.norm_eps = t.norm_eps;
+  p.rope = t.rope;
+  p.positions = batch.positions.as<std::int32_t>();
+  p.slot_mapping = batch.slot_mapping.as<std::int32_t>();
+  p.k_cache = cache.k.data;
+  p.v_cache = cache.v.data;
+  p.rows = static_cast<std::int32_t>(rows);
+  p.n_q_heads = heads.n_q_heads;
+  p.n_kv_heads = heads.n_kv_heads;
+  p.head_dim = heads.head_dim;
+  if (t.rope) {
+    // As HF: inv_freq = 1 / theta^(2i / d) in f32.
+    for (int i = 0; i < heads.head_dim / 2; ++i)
+      p.inv_freq[i] = 1.0f / std::pow(t.rope_theta, static_cast<float>(2 * i) / static_cast<float>(heads.head_dim));
+  }
+  launch_qk_transform_store(stream_, dt, p);
+}
+
+void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
+                            const DeviceBatch& batch, const KvLayer& cache, float scale) {
+  const DType dt = qkv.dtype;
+  XSERV_CHECK(heads.n_kv_heads > 0 && heads.n_q_heads % heads.n_kv_heads == 0 &&
+                  qkv.shape.rank() == 2 && qkv.shape[1] == heads.qkv_width() &&
+                  qkv.shape[0] == batch.num_tokens && out.dtype == dt &&
+                  out.numel() == static_cast<std::int64_t>(batch.num_tokens) * heads.n_q_heads * heads.head_dim &&
+                  cache.k.dtype == dt && cache.k.shape.rank() == 4 &&
+                  cache.k.shape[2] == heads.n_kv_heads && cache.k.shape[3] == heads.head_dim,
+              ErrorCode::invalid_argument,
+              "attention: out {}, qkv {} ({}), {}/{} heads of {}, cache {} do not fit", out.shape,
+              qkv.shape, dtype_name(dt), heads.n_q_heads, heads.n_kv_heads, heads.head_dim,
+              cache.k.shape);
+  AttentionParams p;
+  p.out = out.data;
+  p.qkv = qkv.data;
+  p.qkv_stride = qkv.shape[1];
+  p.k_cache = cache.k.data;
+  p.v_cache = cache.v.data;
+  p.query_start = batch.query_start.as<std::int32_t>();
+  p.context_lens = batch.context_lens.as<std::int32_t>();
+  p.block_tables = batch.block_tables.as<std::int32_t>();
+  p.num_tokens = batch.num_tokens;
+  p.num_seqs = batch.num_seqs;
+  p.max_query_len = batch.max_query_len;
+  p.max_context_len = batch.max_context_len;
+  p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.block_size = cache.block_size();
+  p.n_q_heads = heads.n_q_heads;
+  p.n_kv_heads = heads.n_kv_heads;
+  p.head_dim = heads.head_dim;
+  p.scale = scale;
+  if (p.num_tokens == 0) return;
+  if (batch.max_query_len > 1 && attention_prefill_supported(dt, heads.head_dim)) {
+    launch_attention_prefill(stream_, p);
+    return;
+  }
+  XSERV_CHECK(attention_rows_supported(heads.head_dim, heads.n_q_heads / heads.n_kv_heads),
+              ErrorCode::unsupported, "attention: head_dim {} with {} q heads per kv head",
+              heads.head_dim, heads.n_q_heads / heads.n_kv_heads);
+  // Splits are sized from the power-of-two bucket of the longest context, not the context itself,
+  // so a recorded graph covers every context up to its bucket. Aim for two blocks per SM.
+  const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
+  const std::int64_t base = static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads;
+  const std::int64_t want = std::max<std::int64_t>(1, (2 * sm_count_ + base - 1) / base);
+  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, bucket / 64));
+  std::int32_t split_size = (bucket + splits - 1) / splits;
+  split_size = (split_size + 63) / 64 * 64;
+  splits = (bucket + split_size - 1) / split_size;
+  p.num_splits = splits;
+  p.split_size = split_size;
+  if (splits > 1) {
+    const std::size_t parts = static_cast<std::size_t>(p.num_tokens) * p.n_q_heads * splits;
+    const std::size_t bytes = parts * (static_cast<std::size_t>(p.head_dim) + 2) * sizeof(float);
+    ensure_scratch(split_scratch_, bytes);
+    p.partial_out = static_cast<float*>(split_scratch_.data());
+    p.partial_ml = p.partial_out + parts * p.head_dim;
+  }
+  launch_attention_rows(stream_, dt, p);
+}
+
+void CudaBackend::gelu(Tensor x) {
+  XSERV_CHECK(is_act(x.dtype), ErrorCode::invalid_argument, "gelu: dtype {}", dtype_name(x.dtype));
+  launch_gelu(stream_, x.dtype, x.data, x.numel());
+}
+
+void CudaBackend::swiglu(Tensor out, const Tensor& gate_up) {
+  XSERV_CHECK(is_act(out.dtype) && gate_up.dtype == out.dtype && out.shape.rank() == 2 &&
+                  gate_up.shape.rank() == 2 && gate_up.shape[0] == out.shape[0] &&
+                  gate_up.shape[1] == 2 * out.shape[1],
+              ErrorCode::invalid_argument, "swiglu: out {} and gate_up {} do not fit", out.shape,
+              gate_up.shape);
+  launch_swiglu(stream_, out.dtype, out.data, gate_up.data, out.shape[0], out.shape[1]);
+}
+
+void CudaBackend::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
+  XSERV_CHECK(is_act(x.dtype) && out.dtype == x.dtype && rows.dtype == DType::i32 &&
+                  x.shape.rank() == 2 && out.shape.rank() == 2 && out.shape[1] == x.shape[1] &&
+                  out.shape[0] == rows.numel(),
+              ErrorCode::invalid_argument, "gather_rows: out {}, x {}, rows {} do not fit",
+              out.shape, x.shape, rows.shape);
+  launch_gather_rows(stream_, x.dtype, out.data, x.data, rows.as<std::int32_t>(), rows.numel(),
+                     x.shape[1]);
+}
+
+void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) {
+  XSERV_CHECK(logits.dtype == DType::f32 && logits.shape.rank() == 2 &&
+                  static_cast<std::size_t>(logits.shape[0]) == params.rows.size(),
+              ErrorCode::invalid_argument, "sample: logits {} ({}) for {} rows", logits.shape,
+              dtype_name(logits.dtype), params.rows.size());
+  const auto rows = static_cast<std::int32_t>(logits.shape[0]);
+  const std::int64_t vocab = logits.shape[1];
+  if (rows == 0) return;
+  XSERV_CHECK(vocab > 0 && vocab < (std::int64_t{1} << 31), ErrorCode::invalid_argument,
+              "sample: vocab of {}", vocab);
+  bool penalties = false;
+  std::vector<SamplingRowParams> prm(static_cast<std::size_t>(rows));
+  for (std::int32_t r = 0; r < rows; ++r) {
+    const SamplingRow& s = params.rows[static_cast<std::size_t>(r)];
+    const bool pen = s.repetition_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
+    penalties = penalties || pen;
+    prm[static_cast<std::size_t>(r)] = SamplingRowParams{
+        s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty,
+        s.frequency_penalty, sampling_uniform(s.seed, s.step), pen ? 1 : 0};
+  }
+  const bool has_prompt = penalties && params.prompt_start.size() == static_cast<std::size_t>(rows) + 1;
+  const bool has_output = penalties && params.output_start.size() == static_cast<std::size_t>(rows) + 1;
+  auto check_tokens = [&](const std::vector<std::int32_t>& toks, const std::vector<std::int32_t>& start,
+                          const char* what) {
+    XSERV_CHECK(start.front() == 0 && static_cast<std::size_t>(start.back()) == toks.size() &&
+                    std::is_sorted(start.begin(), start.end()),
+                ErrorCode::invalid_argument, "sample: {} offsets are inconsistent", what);
+    for (auto tok : toks)
+      XSERV_CHECK(tok >= 0 && tok < vocab, ErrorCode::invalid_argument,
+                  "sample: {} token {} is outside the vocab of {}", what, tok, vocab);
+  };
+  if (has_prompt) check_tokens(params.prompt_tokens, params.prompt_start, "prompt");
+  if (has_output) check_tokens(params.output_tokens, params.output_start, "output");
+
+  // One pinned block and one copy: [params | ids | prompt tokens | starts | output tokens | starts].
+  const std::size_t prm_bytes = round_up(prm.size() * sizeof(SamplingRowParams), 256);
+  const std::size_t ids_bytes = round_up(static_cast<std::size_t>(rows) * 4, 256);
+  auto ints = [](std::size_t n) { return round_up(n * 4, 256); };
+  const std::size_t pt = has_prompt ? ints(params.prompt_tokens.size()) : 0;
+  const std::size_t ps = has_prompt ? ints(params.prompt_start.size()) : 0;
+  const std::size_t ot = has_output ? ints(params.output_tokens.size()) : 0;
+  const std::size_t os = has_output ? ints(params.output_start.size()) : 0;
+  const std::size_t total = prm_bytes + ids_bytes + pt + ps + ot + os;
+  if (sample_host_.size() < total) sample_host_ = PinnedBuffer(round_up(total * 2, 1 << 16));
+  ensure_scratch(sample_device_, total);
+  char* h = sample_host_.data();
+  auto* d = static_cast<char*>(sample_device_.data());
+  std::memcpy(h, prm.data(), prm.size() * sizeof(SamplingRowParams));
+  std::size_t off = prm_bytes + ids_bytes;
+  auto put = [&](const std::vector<std::int32_t>& v, std::size_t bytes) {
+    const std::size_t at = off;
+    if (bytes) std::memcpy(h + at, v.data(), v.size() * 4);
+    off += bytes;
+    return reinterpret_cast<const std::int32_t*>(d + at);
+  };
+  const std::int32_t* prompt_tokens = put(params.prompt_tokens, pt);
+  const std::int32_t* prompt_start = put(params.prompt_start, ps);
+  const std::int32_t* output_tokens = put(params.output_tokens, ot);
+  const std::int32_t* output_start = put(params.output_start, os);
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream_));
+  std::uint32_t* counts = nullptr;
+  if (penalties) {
+    ensure_scratch(token_counts_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab) * 4);
+    counts = static_cast<std::uint32_t*>(token_counts_.data());
+    launch_token_counts(stream_, counts, vocab, rows, has_prompt ? prompt_tokens : nullptr,
+                        has_prompt ? prompt_start : nullptr, has_output ? output_tokens : nullptr,
+                        has_output ? output_start : nullptr);
+  }
+  auto* ids_dev = reinterpret_cast<std::int32_t*>(d + prm_bytes);
+  launch_sample(stream_, logits.as<float>(), rows, vocab,
+                reinterpret_cast<const SamplingRowParams*>(d), counts, ids_dev);
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
+  XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(out_ids, h + prm_bytes, static_cast<std::size_t>(rows) * 4);
+}
+
+void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops) {
+  const auto [t, s, r, q, bucket, stride] = batch_shape_;
+  const GraphKey k{key, t, s, r, q, bucket, stride};
+  Graph& g = graphs_[k];
+  if (g.exec) {
+    XSERV_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    return;
+  }
+  if (!g.warmed) {
+    ops();
+    // ops may have grown scratch (which clears graphs_, this entry included): look it up again.
+    graphs_[k].warmed = true;
+    return;
+  }
+  XSERV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    ops();
+  } catch (...) {
+    capturing_ = false;
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  capturing_ = false;
+  XSERV_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  XSERV_CUDA_CHECK(status);
+  g.exec = exec;
+  XSERV_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+bool device_available() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace xserv::cuda

@@ -1,0 +1,88 @@
+#include "cuda/device_arena.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_check.hpp"
+
+namespace xserv::cuda {
+
+namespace {
+constexpr std::size_t piece_alignment = 256;
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+void* device_malloc(std::size_t bytes) {
+  void* p = nullptr;
+  cudaError_t status = cudaMalloc(&p, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    std::size_t free_bytes = 0, total = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total);
+    throw_error(ErrorCode::out_of_memory,
+                "out of device memory: cudaMalloc of {} bytes failed ({} of {} bytes free)", bytes,
+                free_bytes, total);
+  }
+  XSERV_CUDA_CHECK(status);
+  return p;
+}
+}  // namespace
+
+DeviceArena::DeviceArena(int device_index, std::size_t chunk_bytes)
+    : device_index_(device_index), chunk_bytes_(chunk_bytes) {}
+
+DeviceArena::~DeviceArena() {
+  for (auto& c : chunks_) (void)cudaFree(c.base);
+  for (auto& [p, bytes] : dedicated_) (void)cudaFree(p);
+}
+
+DeviceArena::Chunk& DeviceArena::new_chunk(std::size_t bytes) {
+  Chunk c;
+  c.size = bytes;
+  c.base = static_cast<char*>(device_malloc(bytes));
+  reserved_ += bytes;
+  chunks_.push_back(c);
+  return chunks_.back();
+}
+
+void* DeviceArena::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard lock(mutex_);
+  const std::size_t size = round_up(bytes, piece_alignment);
+  if (size > chunk_bytes_ / 2) {
+    void* p = device_malloc(size);
+    dedicated_.emplace(p, size);
+    reserved_ += size;
+    return p;
+  }
+  std::size_t index = chunks_.size();
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    if (chunks_[i].size - chunks_[i].used >= size) {
+      index = i;
+      break;
+    }
+  }
+  if (index == chunks_.size()) new_chunk(chunk_bytes_);
+  Chunk& c = chunks_[index];
+  void* p = c.base + c.used;
+  c.used += size;
+  ++c.live;
+  piece_chunk_.emplace(p, index);
+  return p;
+}
+
+void DeviceArena::deallocate(void* p, std::size_t) noexcept {
+  if (p == nullptr) return;
+  std::lock_guard lock(mutex_);
+  if (auto it = dedicated_.find(p); it != dedicated_.end()) {
+    reserved_ -= it->second;
+    (void)cudaFree(p);  // synchronizes the device: frees happen at teardown, not in a step
+    dedicated_.erase(it);
+    return;
+  }
+  auto it = piece_chunk_.find(p);
+  if (it == piece_chunk_.end()) return;
+  Chunk& c = chunks_[it->second];
+  piece_chunk_.erase(it);
+  if (--c.live == 0) c.used = 0;  // every piece is back: the chunk can be carved again
+}
+
+}  // namespace xserv::cuda

@@ -1,0 +1,51 @@
+// Token embedding (+ learned positions): out[t, :] = table[ids[t], :] + pos_table[positions[t], :].
+// Layout: table [vocab, dim], pos_table [n_positions, dim], out [rows, dim], all row-major in
+// the activation dtype. Launch: one block of 256 threads per row, threads stride over the dim.
+// An id or position out of range yields a NaN row rather than a wild read (the host validated
+// the batch; this only guards the device).
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace xserv::cuda {
+namespace {
+
+template <typename T>
+__global__ void embedding_kernel(T* out, const std::int32_t* ids, const T* table, const T* pos_table,
+                                 const std::int32_t* positions, std::int64_t dim,
+                                 std::int64_t vocab, std::int64_t n_positions) {
+  const std::int64_t row = blockIdx.x;
+  const std::int64_t id = ids[row];
+  const std::int64_t pos = pos_table ? positions[row] : 0;
+  const bool ok = id >= 0 && id < vocab && (!pos_table || (pos >= 0 && pos < n_positions));
+  T* o = out + row * dim;
+  for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = CUDART_NAN_F;
+    if (ok) {
+      v = to_f32(table[id * dim + i]);
+      if (pos_table) v += to_f32(pos_table[pos * dim + i]);
+    }
+    o[i] = from_f32<T>(v);
+  }
+}
+
+}  // namespace
+
+void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
+                      const void* table, const void* pos_table, const std::int32_t* positions,
+                      std::int64_t rows, std::int64_t dim, std::int64_t vocab,
+                      std::int64_t n_positions) {
+  if (rows == 0) return;
+  if (dt == DType::f32) {
+    embedding_kernel<float><<<rows, 256, 0, stream>>>(
+        static_cast<float*>(out), ids, static_cast<const float*>(table),
+        static_cast<const float*>(pos_table), positions, dim, vocab, n_positions);
+  } else {
+    embedding_kernel<__nv_bfloat16><<<rows, 256, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(out), ids, static_cast<const __nv_bfloat16*>(table),
+        static_cast<const __nv_bfloat16*>(pos_table), positions, dim, vocab, n_positions);
+  }
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace xserv::cuda

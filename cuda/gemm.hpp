@@ -1,0 +1,43 @@
+// GEMMs through cuBLASLt: one handle and one workspace for the backend's life, matmul plans
+// (descriptors, layouts and the heuristic's algorithm) cached per shape, so a decode step pays
+// no setup. bf16/f16 on tensor cores with f32 accumulation; f32 with plain f32 compute (no TF32)
+// for GPT-2 parity. Bias rides the BIAS epilogue, a residual add is beta = 1 on C = D.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/backend.hpp"
+
+namespace xserv::cuda {
+
+class Gemm {
+ public:
+  Gemm(cudaStream_t stream, Allocator& workspace_allocator);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // out[M, N] (rows ldo apart) = a[M, K] . W + bias + beta * out; a, W and bias in `dt`, out in
+  // `out_dt` (dt, or f32 for logits).
+  void run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w, WeightLayout layout,
+           const void* bias, float beta, std::int64_t m, std::int64_t n, std::int64_t k);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool,
+                         bool, int, int, int, int>;
+  Plan& plan(const Key& key);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  Buffer workspace_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace xserv::cuda

@@ -1,0 +1,102 @@
+// Launchers of the CUDA backend's own kernels, one .cu file per family. Plain C++ on this side
+// so cuda_backend.cpp needs no device code. Every launcher enqueues on `stream` and returns;
+// `dt` is the activation dtype (f32 or bf16), which is also the dtype of the weights a kernel
+// reads (import_weight converts f16 to bf16) and of the KV cache.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.hpp"
+
+namespace xserv::cuda {
+
+// embedding.cu
+void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
+                      const void* table, const void* pos_table, const std::int32_t* positions,
+                      std::int64_t rows, std::int64_t dim, std::int64_t vocab,
+                      std::int64_t n_positions);
+
+// norm.cu: LayerNorm (bias may be null) or RMSNorm (bias unused) with the optional fused
+// residual add (residual += x; normalise residual).
+void launch_norm(cudaStream_t stream, DType dt, bool rms, void* out, const void* x,
+                 void* residual, const void* weight, const void* bias, float eps,
+                 std::int64_t rows, std::int64_t dim);
+
+// activation.cu
+void launch_gelu(cudaStream_t stream, DType dt, void* x, std::int64_t n);
+void launch_swiglu(cudaStream_t stream, DType dt, void* out, const void* gate_up,
+                   std::int64_t rows, std::int64_t inner);
+void launch_gather_rows(cudaStream_t stream, DType dt, void* out, const void* x,
+                        const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim);
+// Converts n elements between float dtypes (f32, f16, bf16), used at weight import.
+void launch_convert(cudaStream_t stream, DType from, DType to, const void* src, void* dst,
+                    std::int64_t n);
+// dst[i] = offset + scale * (uniform(seed, i) * 2 - 1): dummy weights made on the device.
+void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
+                        std::uint64_t seed, float scale, float offset);
+
+// rope_kv.cu
+constexpr int max_head_dim = 256;
+struct QkTransformParams {
+  void* qkv = nullptr;  // [T, qkv_stride]
+  std::int64_t qkv_stride = 0;
+  const void* q_norm = nullptr;  // [head_dim] or null
+  const void* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  bool rope = false;
+  const std::int32_t* positions = nullptr;
+  const std::int32_t* slot_mapping = nullptr;
+  void* k_cache = nullptr;  // [slots, n_kv_heads, head_dim]
+  void* v_cache = nullptr;
+  std::int32_t rows = 0, n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float inv_freq[max_head_dim / 2] = {};  // RoPE inverse frequencies, computed on the host in f32
+};
+void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformParams& p);
+
+// attention_decode.cu / attention_prefill.cu
+struct AttentionParams {
+  void* out = nullptr;        // [T, n_q_heads * head_dim]
+  const void* qkv = nullptr;  // [T, qkv_stride], q heads first
+  std::int64_t qkv_stride = 0;
+  const void* k_cache = nullptr;  // [num_blocks, block_size, n_kv_heads, head_dim]
+  const void* v_cache = nullptr;
+  const std::int32_t* query_start = nullptr;   // [S + 1]
+  const std::int32_t* context_lens = nullptr;  // [S]
+  const std::int32_t* block_tables = nullptr;  // [S, max_blocks_per_seq]
+  std::int32_t num_tokens = 0, num_seqs = 0, max_query_len = 0, max_context_len = 0;
+  std::int32_t max_blocks_per_seq = 0, block_size = 0;
+  std::int32_t n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  // Split-KV scratch of the row kernel: [T, n_q_heads, num_splits, head_dim] partial outputs and
+  // [T, n_q_heads, num_splits, 2] (max, sum) pairs.
+  float* partial_out = nullptr;
+  float* partial_ml = nullptr;
+  std::int32_t num_splits = 1, split_size = 0;
+};
+// One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
+void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
+bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;
+// Tensor-core tiles of 64 query rows (bf16, head_dim 64 or 128).
+void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p);
+bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
+
+// sampling.cu
+struct SamplingRowParams {
+  float temperature;
+  std::int32_t top_k;
+  float top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+  float uniform;  // sampling_uniform(seed, step)
+  std::int32_t use_penalties;
+};
+// counts [R, V]: low 31 bits count the token in the output, bit 31 marks it in prompt/output.
+void launch_token_counts(cudaStream_t stream, std::uint32_t* counts, std::int64_t vocab,
+                         std::int32_t rows, const std::int32_t* prompt_tokens,
+                         const std::int32_t* prompt_start, const std::int32_t* output_tokens,
+                         const std::int32_t* output_start);
+void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
+                   const SamplingRowParams* params, const std::uint32_t* counts,
+                   std::int32_t* out_ids);
+
+}  // namespace xserv::cuda

@@ -1,0 +1,89 @@
+// The fused attention prologue: per-head RMSNorm of q and k (Qwen3's q_norm/k_norm), neox RoPE
+// at each row's position, and the write of k and v into the paged KV cache at the row's slot.
+// Layout: qkv [rows, qkv_stride] holds n_q q heads, then n_kv k heads, then n_kv v heads of
+// head_dim each; q is transformed in place (attention reads it there), k and v go to
+// k_cache/v_cache [slots, n_kv_heads, head_dim] (slot = block * block_size + offset, so the
+// [num_blocks, block_size, ...] pool is addressed linearly).
+// RoPE follows HF: inv_freq computed on the host in f32, angle = f32(position) * inv_freq[i],
+// cosf/sinf in f32, out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin.
+// Launch: one block per row, 8 warps; warp w handles heads w, w + 8, ...; a head's values are
+// staged in shared memory so the rotation can pair any two lanes.
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace xserv::cuda {
+namespace {
+
+constexpr int warps = 8;
+
+template <typename T>
+__global__ void qk_transform_store_kernel(const QkTransformParams p) {
+  __shared__ float stage[warps][max_head_dim];
+  const int row = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int D = p.head_dim;
+  T* qkv_row = static_cast<T*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride;
+  const std::int64_t slot = p.slot_mapping[row];
+  const float pos = static_cast<float>(p.positions[row]);
+  const int total = p.n_q_heads + 2 * p.n_kv_heads;
+  float* s = stage[warp];
+
+  for (int head = warp; head < total; head += warps) {
+    T* src = qkv_row + static_cast<std::int64_t>(head) * D;
+    if (head >= p.n_q_heads + p.n_kv_heads) {  // v: straight to the cache
+      const int kvh = head - p.n_q_heads - p.n_kv_heads;
+      T* dst = static_cast<T*>(p.v_cache) + (slot * p.n_kv_heads + kvh) * D;
+      for (int i = lane; i < D; i += 32) dst[i] = src[i];
+      continue;
+    }
+    const bool is_q = head < p.n_q_heads;
+    const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
+    if (is_q && !norm && !p.rope) continue;  // GPT-2: q stays as the GEMM wrote it
+    float sq = 0.0f;
+    for (int i = lane; i < D; i += 32) {
+      const float v = to_f32(src[i]);
+      s[i] = v;
+      sq += v * v;
+    }
+    if (norm) {
+      const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(D) + p.norm_eps);
+      // Rounded to the activation dtype before the weight and after it, as HF's RMSNorm does.
+      for (int i = lane; i < D; i += 32)
+        s[i] = to_f32(from_f32<T>(to_f32(from_f32<T>(s[i] * rstd)) * to_f32(norm[i])));
+    }
+    __syncwarp();
+    T* dst = src;
+    if (!is_q) {
+      const int kvh = head - p.n_q_heads;
+      dst = static_cast<T*>(p.k_cache) + (slot * p.n_kv_heads + kvh) * D;
+    }
+    if (p.rope) {
+      const int half = D / 2;
+      for (int i = lane; i < half; i += 32) {
+        const float angle = pos * p.inv_freq[i];
+        const float c = cosf(angle), sn = sinf(angle);
+        const float x1 = s[i], x2 = s[i + half];
+        dst[i] = from_f32<T>(x1 * c - x2 * sn);
+        dst[i + half] = from_f32<T>(x2 * c + x1 * sn);
+      }
+    } else {
+      for (int i = lane; i < D; i += 32) dst[i] = from_f32<T>(s[i]);
+    }
+    __syncwarp();  // the next head reuses this warp's stage
+  }
+}
+
+}  // namespace
+
+void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformParams& p) {
+  if (p.rows == 0) return;
+  if (dt == DType::f32) {
+    qk_transform_store_kernel<float><<<p.rows, warps * 32, 0, stream>>>(p);
+  } else {
+    qk_transform_store_kernel<__nv_bfloat16><<<p.rows, warps * 32, 0, stream>>>(p);
+  }
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace xserv::cuda
