@@ -17,4 +17,11 @@ struct Command {
 
 // The command table lives in main.cpp; commands are implemented in cmd_<name>.cpp.
 
+int run_tokenize(const Args& args);    // cmd_tokenize.cpp
+int run_detokenize(const Args& args);  // cmd_tokenize.cpp
+
+int run_generate(const Args& args);    // cmd_generate.cpp
+
+int run_chat(const Args& args);        // cmd_chat.cpp
+
 }  // namespace xserv::cli

@@ -17,6 +17,10 @@ int run_version(const Args&) {
 
 const Command kCommands[] = {
     {"version", "print the version", run_version},
+    {"chat", "interactive multi-turn chat, streamed", run_chat},
+    {"generate", "generate text from a prompt, streamed", run_generate},
+    {"tokenize", "text on stdin -> token ids (JSON)", run_tokenize},
+    {"detokenize", "token ids (JSON lines) -> text", run_detokenize},
 };
 
 void usage(std::FILE* out) {
