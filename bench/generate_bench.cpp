@@ -1,0 +1,154 @@
+// generate_bench: prefill and decode speed of the whole generation path (Model::forward on a
+// backend, backend sampling, the Generator's host loop), printed as a table.
+//
+//   generate_bench (-m DIR | --dummy-weights --config FILE.json) [--device cpu|cuda]
+//                  [--batch B[,B...]] [--prompt-len P] [--gen-len G] [--threads N] [--repeat R]
+//
+// For each batch size: B random prompts of P tokens are prefilled (packed into forwards of up
+// to max(512, B x P) tokens), then G tokens are generated greedily per sequence (eos ignored).
+// prefill tok/s = prompt tokens / time of the steps that held prompt tokens (they include the
+// first sampling); decode tok/s = tokens / time of the pure decode steps (each step = one
+// forward of B tokens + sampling). The best of R runs is kept (after one warm-up run).
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/error.hpp"
+#include "engine/generator.hpp"
+#include "models/model.hpp"
+
+using namespace xserv;
+
+namespace {
+
+struct Options {
+  std::string model, config, device;
+  bool dummy = false;
+  std::vector<std::int32_t> batches{1};
+  std::int32_t prompt_len = 128, gen_len = 32, repeat = 3;
+  std::size_t threads = 0;
+};
+
+template <typename T>
+T number(const std::string& s) {
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  XSERV_CHECK(ec == std::errc() && p == s.data() + s.size(), ErrorCode::invalid_argument,
+              "'{}' is not a number", s);
+  return v;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      XSERV_CHECK(i + 1 < argc, ErrorCode::invalid_argument, "{} needs a value", a);
+      return argv[++i];
+    };
+    if (a == "-m" || a == "--model") o.model = value();
+    else if (a == "--config") o.config = value();
+    else if (a == "--dummy-weights") o.dummy = true;
+    else if (a == "--device") o.device = value();
+    else if (a == "--prompt-len") o.prompt_len = number<std::int32_t>(value());
+    else if (a == "--gen-len") o.gen_len = number<std::int32_t>(value());
+    else if (a == "--threads") o.threads = number<std::size_t>(value());
+    else if (a == "--repeat") o.repeat = number<std::int32_t>(value());
+    else if (a == "--batch") {
+      o.batches.clear();
+      std::string list = value();
+      for (std::size_t p = 0; p <= list.size();) {
+        std::size_t q = std::min(list.find(',', p), list.size());
+        o.batches.push_back(number<std::int32_t>(list.substr(p, q - p)));
+        p = q + 1;
+      }
+    } else {
+      throw_error(ErrorCode::invalid_argument, "unknown option '{}'", a);
+    }
+  }
+  XSERV_CHECK(!o.model.empty() || (o.dummy && !o.config.empty()), ErrorCode::invalid_argument,
+              "give -m DIR, or --dummy-weights --config FILE.json");
+  XSERV_CHECK(o.prompt_len > 0 && o.gen_len > 1 && o.repeat > 0, ErrorCode::invalid_argument,
+              "--prompt-len >= 1, --gen-len >= 2 and --repeat >= 1 please");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Options o = parse(argc, argv);
+  std::string dir = o.model;
+  std::filesystem::path tmp;
+  if (dir.empty()) {  // a model directory holding only the config
+    tmp = std::filesystem::temp_directory_path() /
+          ("xserv-bench-" + std::to_string(std::hash<std::string>{}(o.config)));
+    std::filesystem::create_directories(tmp);
+    std::filesystem::copy_file(o.config, tmp / "config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    dir = tmp.string();
+  }
+  const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
+                          : o.device == "cuda"                ? DeviceKind::cuda
+                                                              : DeviceKind::cpu;
+  auto backend = make_backend(kind, BackendOptions{o.threads, 0});
+  const std::int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  ModelOptions mo;
+  mo.dummy_weights = o.dummy;
+  mo.max_batch_tokens = std::max(512, std::min(max_batch * o.prompt_len, 8192));
+  auto model = Model::load(dir, *backend, mo);
+  const ModelConfig& c = model->config();
+  XSERV_CHECK(o.prompt_len + o.gen_len <= c.max_position_embeddings, ErrorCode::invalid_argument,
+              "prompt + gen = {} exceeds the context of {}", o.prompt_len + o.gen_len,
+              c.max_position_embeddings);
+  Generator gen(*model, nullptr);
+
+  std::printf("model: %s (%s, %d layers, hidden %d, vocab %d, %s weights%s, %.1f MB)\n",
+              o.model.empty() ? o.config.c_str() : o.model.c_str(), c.model_type.c_str(),
+              c.num_layers, c.hidden_size, c.vocab_size,
+              std::string(dtype_name(model->weight_dtype())).c_str(), o.dummy ? ", dummy" : "",
+              static_cast<double>(model->weight_bytes()) / 1e6);
+  std::printf("backend: %s; prompt %d tokens, %d generated per sequence, best of %d runs\n\n",
+              backend->name().c_str(), o.prompt_len, o.gen_len, o.repeat);
+  std::printf("| batch | prefill tok/s | decode tok/s | decode ms/step |\n");
+  std::printf("| ---: | ---: | ---: | ---: |\n");
+
+  std::uint64_t state = 42;
+  for (std::int32_t b : o.batches) {
+    std::vector<GenerationRequest> reqs(static_cast<std::size_t>(b));
+    for (auto& r : reqs) {
+      for (std::int32_t i = 0; i < o.prompt_len; ++i) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        r.prompt.push_back(static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(c.vocab_size)));
+      }
+      r.params.temperature = 0.0f;
+      r.params.ignore_eos = true;
+      r.params.max_tokens = o.gen_len;
+    }
+    gen.generate(reqs);  // warm-up: caches, KV pool, page faults
+    double best_prefill = 0, best_decode = 0, best_step = 0;
+    for (std::int32_t rep = 0; rep < o.repeat; ++rep) {
+      gen.generate(reqs);
+      const GenerationStats& s = gen.last_stats();
+      const double prefill = static_cast<double>(s.prefill_tokens) / s.prefill_seconds;
+      const double decode = static_cast<double>(s.decode_tokens) / s.decode_seconds;
+      const auto decode_steps = static_cast<double>(s.decode_tokens) / b;
+      best_prefill = std::max(best_prefill, prefill);
+      if (decode > best_decode) {
+        best_decode = decode;
+        best_step = 1e3 * s.decode_seconds / decode_steps;
+      }
+    }
+    std::printf("| %d | %.1f | %.1f | %.2f |\n", b, best_prefill, best_decode, best_step);
+    std::fflush(stdout);
+  }
+  if (!tmp.empty()) std::filesystem::remove_all(tmp);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "generate_bench: %s\n", e.what());
+  return 1;
+}

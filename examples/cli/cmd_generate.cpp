@@ -1,0 +1,198 @@
+// xserv-cli generate: text in, text out, streamed to stdout as it is produced.
+//
+//   xserv-cli generate -m DIR -p PROMPT [-n N] [--temperature T] [--top-k K] [--top-p P]
+//       [--min-p P] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
+//       [--seed S] [--stop STR]... [--ignore-eos] [--chat] [--no-thinking] [--ids]
+//       [--device cpu|cuda] [--threads N] [--dummy-weights] [--quiet]
+//
+// Sampling defaults come from the model's generation_config.json when it has them (as
+// transformers does), else temperature 1 and no truncation; --temperature 0 is greedy. Only the
+// generated text goes to stdout (plus, with --ids, the generated ids as one JSON array on the
+// last line); a summary (tokens, speed, finish reason) goes to stderr unless --quiet.
+#include <simdjson.h>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/mapped_file.hpp"
+#include "engine/generator.hpp"
+#include "io/json.hpp"
+#include "models/model.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace xserv::cli {
+
+namespace {
+
+const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
+
+  -m, --model DIR            Hugging Face model directory (config.json, *.safetensors, tokenizer)
+  -p, --prompt TEXT          the prompt (empty: start from the model's bos token)
+  -n, --max-tokens N         tokens to generate at most (default 128)
+  --temperature T            0 = greedy (default: generation_config.json, else 1)
+  --top-k K                  keep the K most likely tokens (0 = off)
+  --top-p P                  nucleus sampling: smallest set with probability >= P (1 = off)
+  --min-p P                  drop tokens below P x the top probability (0 = off)
+  --repetition-penalty R     HF repetition penalty over prompt and output (1 = off)
+  --presence-penalty P       OpenAI presence penalty over the output (0 = off)
+  --frequency-penalty F      OpenAI frequency penalty over the output (0 = off)
+  --seed S                   random seed (default: a fresh one each run)
+  --stop STR                 stop before this text (not printed); repeatable
+  --ignore-eos               keep generating past the model's end-of-sequence tokens
+  --chat                     wrap the prompt as a user message in the chat template
+  --no-thinking              with --chat: Qwen3's enable_thinking=false (empty think block)
+  --ids                      also print the generated ids as a JSON array on the last line
+  --device cpu|cuda          default: cuda when a GPU is usable, else cpu
+  --threads N                CPU worker threads (default: all cores)
+  --dummy-weights            random weights from config.json (speed checks without files)
+  --quiet                    no summary on stderr
+)";
+
+struct Options {
+  std::string model, prompt;
+  SamplingParams params;
+  bool temperature_set = false, top_k_set = false, top_p_set = false, min_p_set = false,
+       rep_set = false;
+  bool chat = false, thinking = true, ids = false, dummy = false, quiet = false, help = false;
+  std::string device;
+  std::size_t threads = 0;
+};
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  XSERV_CHECK(ec == std::errc() && p == end, ErrorCode::invalid_argument,
+              "{}: '{}' is not a valid number", flag, text);
+  return v;
+}
+
+Options parse_options(const Args& args) {
+  Options o;
+  o.params.max_tokens = 128;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      XSERV_CHECK(i + 1 < args.size(), ErrorCode::invalid_argument, "{} needs a value", a);
+      return args[++i];
+    };
+    if (a == "-m" || a == "--model") o.model = value();
+    else if (a == "-p" || a == "--prompt") o.prompt = value();
+    else if (a == "-n" || a == "--max-tokens") o.params.max_tokens = parse_number<std::int32_t>(a, value());
+    else if (a == "--temperature") { o.params.temperature = parse_number<float>(a, value()); o.temperature_set = true; }
+    else if (a == "--top-k") { o.params.top_k = parse_number<std::int32_t>(a, value()); o.top_k_set = true; }
+    else if (a == "--top-p") { o.params.top_p = parse_number<float>(a, value()); o.top_p_set = true; }
+    else if (a == "--min-p") { o.params.min_p = parse_number<float>(a, value()); o.min_p_set = true; }
+    else if (a == "--repetition-penalty") { o.params.repetition_penalty = parse_number<float>(a, value()); o.rep_set = true; }
+    else if (a == "--presence-penalty") o.params.presence_penalty = parse_number<float>(a, value());
+    else if (a == "--frequency-penalty") o.params.frequency_penalty = parse_number<float>(a, value());
+    else if (a == "--seed") o.params.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--stop") o.params.stop_strings.push_back(value());
+    else if (a == "--ignore-eos") o.params.ignore_eos = true;
+    else if (a == "--chat") o.chat = true;
+    else if (a == "--no-thinking") o.thinking = false;
+    else if (a == "--ids") o.ids = true;
+    else if (a == "--device") o.device = value();
+    else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--dummy-weights") o.dummy = true;
+    else if (a == "--quiet") o.quiet = true;
+    else if (a == "-h" || a == "--help") o.help = true;
+    else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli generate --help)", a);
+  }
+  if (!o.help)
+    XSERV_CHECK(!o.model.empty(), ErrorCode::invalid_argument, "-m DIR (the model directory) is required");
+  return o;
+}
+
+// Sampling defaults a model ships in generation_config.json, for the options not given.
+void apply_generation_config(Options& o) {
+  const std::string path = o.model + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return;
+  simdjson::dom::parser parser;
+  const std::string text = read_file(path);
+  simdjson::dom::object obj;
+  if (json::parse(parser, text, path).get_object().get(obj) != simdjson::SUCCESS) return;
+  const bool sample = json::get_bool(obj, "do_sample", path).value_or(true);
+  if (!o.temperature_set) {
+    if (!sample) o.params.temperature = 0.0f;
+    else if (auto t = json::get_number(obj, "temperature", path)) o.params.temperature = static_cast<float>(*t);
+  }
+  if (!o.top_k_set)
+    if (auto k = json::get_int(obj, "top_k", path)) o.params.top_k = static_cast<std::int32_t>(*k);
+  if (!o.top_p_set)
+    if (auto p = json::get_number(obj, "top_p", path)) o.params.top_p = static_cast<float>(*p);
+  if (!o.min_p_set)
+    if (auto p = json::get_number(obj, "min_p", path)) o.params.min_p = static_cast<float>(*p);
+  if (!o.rep_set)
+    if (auto r = json::get_number(obj, "repetition_penalty", path))
+      o.params.repetition_penalty = static_cast<float>(*r);
+}
+
+DeviceKind pick_device(const std::string& name) {
+  if (name.empty()) return cuda_available() ? DeviceKind::cuda : DeviceKind::cpu;
+  if (name == "cpu") return DeviceKind::cpu;
+  if (name == "cuda") return DeviceKind::cuda;
+  throw_error(ErrorCode::invalid_argument, "--device '{}' (expected cpu or cuda)", name);
+}
+
+}  // namespace
+
+int run_generate(const Args& args) {
+  Options o = parse_options(args);
+  if (o.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  apply_generation_config(o);
+  o.params.validate();
+
+  const Tokenizer tok = Tokenizer::load(o.model);
+  std::string prompt_text = o.prompt;
+  if (o.chat) {
+    const Tokenizer::Message msg{"user", o.prompt};
+    prompt_text = tok.apply_chat_template(std::span<const Tokenizer::Message>(&msg, 1), true, o.thinking);
+  }
+  auto backend = make_backend(pick_device(o.device), BackendOptions{o.threads, 0});
+  ModelOptions mo;
+  mo.dummy_weights = o.dummy;
+  auto model = Model::load(o.model, *backend, mo);
+
+  std::vector<std::int32_t> prompt = tok.encode(prompt_text);
+  if (prompt.empty() && model->config().bos_token_id) prompt.push_back(*model->config().bos_token_id);
+
+  Generator gen(*model, &tok);
+  GenerationResult r = gen.generate(prompt, o.params, [](const TokenEvent& e) {
+    if (!e.text.empty()) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (o.ids) {
+    std::string line = r.text.empty() || r.text.back() == '\n' ? "[" : "\n[";
+    for (std::size_t i = 0; i < r.tokens.size(); ++i) line += fmt::format("{}{}", i ? ", " : "", r.tokens[i]);
+    std::printf("%s]\n", line.c_str());
+  } else if (!r.text.empty() && r.text.back() != '\n') {
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  if (!o.quiet) {
+    const auto& s = gen.last_stats();
+    auto rate = [](double n, double t) { return t > 0 ? n / t : 0.0; };
+    std::fprintf(stderr,
+                 "[%s on %s: %d prompt tokens (%.1f tok/s), %zu generated (%.1f tok/s), finish: %s]\n",
+                 model->config().model_type.c_str(), backend->name().c_str(), r.prompt_tokens,
+                 rate(static_cast<double>(s.prefill_tokens), s.prefill_seconds), r.tokens.size(),
+                 rate(static_cast<double>(s.decode_tokens), s.decode_seconds),
+                 std::string(finish_reason_name(r.finish)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace xserv::cli
