@@ -7,8 +7,9 @@
 // each block writes an unnormalised partial (max, sum, acc) and attention_merge combines them,
 // so long contexts spread over many SMs even at batch 1.
 // Launch: grid (T, n_kv_heads, num_splits), 128 threads. A key is read by L lanes (8, or 16
-// when G * head_dim is large, to bound registers), each owning head_dim / L contiguous elements
-// loaded with 16-byte loads; a warp reads 32 / L keys at once and keeps an online softmax per
+// when G * head_dim is large, to bound registers), each owning D / L contiguous elements
+// loaded with 16-byte loads (D: the head_dim rounded up to 32, 64 or 128; a smaller head_dim
+// masks the tail with scalar loads); a warp reads 32 / L keys at once and keeps an online softmax per
 // lane group; groups then combine through shuffles, warps through shared memory.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -42,6 +43,17 @@ __device__ __forceinline__ void combine(float& m, float& l, float (&acc)[E], flo
   m = mx;
 }
 
+// E elements from p[start..] (those at or past dim read as zero); full rows use vector loads.
+template <typename T, int E>
+__device__ __forceinline__ void load_row(const T* p, int start, int dim, bool full, float (&out)[E]) {
+  if (full) {
+    load_f32<T, E>(p + start, out);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[e] = start + e < dim ? to_f32(p[start + e]) : 0.0f;
+  }
+}
+
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(threads) attention_rows_kernel(const AttentionParams p) {
   constexpr int L = G * D >= 1024 ? 16 : 8;  // lanes per key
@@ -55,6 +67,8 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int li = lane % L, kg = lane / L;
   const int group = p.n_q_heads / p.n_kv_heads;
+  const int dim = p.head_dim;
+  const bool full = dim == D;
 
   const int seq = find_sequence(p.query_start, p.num_seqs, row);
   const int q_len = p.query_start[seq + 1] - p.query_start[seq];
@@ -67,7 +81,7 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if (g < group) {
-      load_f32<T, E>(q_row + (kvh * group + g) * D + li * E, q[g]);
+      load_row<T, E>(q_row + (kvh * group + g) * dim, li * E, dim, full, q[g]);
 #pragma unroll
       for (int e = 0; e < E; ++e) q[g][e] *= p.scale;
     } else {
@@ -96,9 +110,9 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
     if (valid) {
       const std::int64_t slot = static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size +
                                 k % p.block_size;
-      const std::int64_t base = (slot * p.n_kv_heads + kvh) * D + li * E;
-      load_f32<T, E>(kc + base, kv);
-      load_f32<T, E>(vc + base, vv);
+      const std::int64_t base = (slot * p.n_kv_heads + kvh) * dim;
+      load_row<T, E>(kc + base, li * E, dim, full, kv);
+      load_row<T, E>(vc + base, li * E, dim, full, vv);
     } else {
 #pragma unroll
       for (int e = 0; e < E; ++e) kv[e] = vv[e] = 0.0f;
@@ -149,9 +163,9 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   __syncthreads();
 
   // Then warps through shared memory: thread i finishes elements i, i + 128, ... of [group, D].
-  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
-  for (int i = threadIdx.x; i < group * D; i += threads) {
-    const int g = i / D, d = i % D;
+  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * dim;
+  for (int i = threadIdx.x; i < group * dim; i += threads) {
+    const int g = i / dim, d = i % dim;
     float mx = -CUDART_INF_F;
 #pragma unroll
     for (int w = 0; w < num_warps; ++w) mx = fmaxf(mx, s_ml[w][g][0]);
@@ -165,11 +179,11 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
     }
     const int h = kvh * group + g;
     if (p.num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + row * out_stride + h * D;
+      T* out = static_cast<T*>(p.out) + row * out_stride + h * dim;
       out[d] = from_f32<T>(sum > 0.0f ? val / sum : 0.0f);
     } else {
       const std::int64_t part = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits + split;
-      p.partial_out[part * D + d] = val;
+      p.partial_out[part * dim + d] = val;
       if (d == 0) {
         p.partial_ml[part * 2] = mx;
         p.partial_ml[part * 2 + 1] = sum;
@@ -203,7 +217,7 @@ void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   attention_rows_kernel<T, D, G><<<grid, threads, 0, stream>>>(p);
   XSERV_CUDA_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    attention_merge_kernel<T><<<dim3(p.num_tokens, p.n_q_heads), D, 0, stream>>>(p);
+    attention_merge_kernel<T><<<dim3(p.num_tokens, p.n_q_heads), p.head_dim, 0, stream>>>(p);
     XSERV_CUDA_LAUNCH_CHECK();
   }
 }
@@ -219,14 +233,15 @@ void launch_rows_dim(cudaStream_t stream, const AttentionParams& p) {
 
 template <typename T>
 void launch_rows_typed(cudaStream_t stream, const AttentionParams& p) {
-  if (p.head_dim == 64) launch_rows_dim<T, 64>(stream, p);
+  if (p.head_dim <= 32) launch_rows_dim<T, 32>(stream, p);
+  else if (p.head_dim <= 64) launch_rows_dim<T, 64>(stream, p);
   else launch_rows_dim<T, 128>(stream, p);
 }
 
 }  // namespace
 
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept {
-  return (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8;
+  return head_dim >= 1 && head_dim <= 128 && group >= 1 && group <= 8;
 }
 
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {

@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <thread>
@@ -188,6 +190,8 @@ class CudaBackend final : public Backend {
                               std::int32_t, std::int32_t>;
   std::map<GraphKey, Graph> graphs_;
   bool capturing_ = false;
+  // XSERV_CUDA_GEMV=0 sends decode GEMMs to cuBLASLt too (for comparisons).
+  bool use_gemv_ = true;
 };
 
 CudaBackend::CudaBackend(const BackendOptions& options)
@@ -206,6 +210,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<Gemm>(stream_, work_);
+  if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
 }
 
 CudaBackend::~CudaBackend() {
@@ -454,6 +459,15 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
               ErrorCode::unsupported, "gemm: a {}, w {}, out {}, bias {} is not a supported dtype mix",
               dtype_name(a.dtype), dtype_name(w.dtype), dtype_name(out.dtype),
               bias.empty() ? "none" : dtype_name(bias.dtype));
+  if (use_gemv_ && a.dtype == DType::bf16 && layout == WeightLayout::out_in &&
+      gemv_supported(m, k, a.data, w.data)) {
+    // Decode-sized products stream the weight once through an own kernel (cuBLASLt's small-M
+    // kernels leave bandwidth unused).
+    launch_gemv(stream_, out.dtype, out.data, ldo, a.data, w.data, bias.empty() ? nullptr : bias.data,
+                beta, m, n, k);
+    return;
+  }
+  XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");
   gemm_->run(a.dtype, out.dtype, out.data, ldo, a.data, w.data, layout,
              bias.empty() ? nullptr : bias.data, beta, m, n, k);
 }

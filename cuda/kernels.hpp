@@ -37,6 +37,14 @@ void launch_convert(cudaStream_t stream, DType from, DType to, const void* src, 
 void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
                         std::uint64_t seed, float scale, float offset);
 
+// gemv.cu: out[m, :] = a[m, :] . W^T (+ bias) (+ beta * out) for W [N, K] bf16 (Linear layout),
+// a bf16, out bf16 or f32, M <= max_gemv_rows: the weight-streaming path of decode steps.
+constexpr std::int64_t max_gemv_rows = 8;
+bool gemv_supported(std::int64_t m, std::int64_t k, const void* a, const void* w) noexcept;
+void launch_gemv(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
+                 const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
+                 std::int64_t k);
+
 // rope_kv.cu
 constexpr int max_head_dim = 256;
 struct QkTransformParams {
