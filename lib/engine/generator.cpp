@@ -107,6 +107,7 @@ void Generator::ensure_cache(std::int64_t blocks_needed, std::int64_t largest) {
   }
   if (cache_ && cache_->num_blocks() >= blocks_needed) return;
   cache_.reset();  // free the old pool before taking the larger one
+  ++cache_epoch_;
   cache_ = std::make_unique<kv::KvCache>(
       model_.backend(), model_.kv_spec(),
       kv::KvCacheOptions{options_.block_size, static_cast<std::int32_t>(blocks_needed), 0});
@@ -277,7 +278,18 @@ std::vector<GenerationResult> Generator::generate(std::span<const GenerationRequ
     }
 
     const auto t0 = Clock::now();
-    Tensor logits = model_.forward(backend.upload_batch(batch), *cache_);
+    const DeviceBatch device_batch = backend.upload_batch(batch);
+    Tensor logits;
+    if (prompt_tokens == 0 && batch.num_tokens() == batch.num_seqs()) {
+      // Same launch shapes every step at this batch size: the backend may record and replay.
+      backend.run_graph((cache_epoch_ << 32) | static_cast<std::uint64_t>(batch.num_seqs()),
+                        [&] { logits = model_.forward(device_batch, *cache_); });
+      Tensor& kept = decode_logits_[batch.logit_rows.size()];
+      if (logits.empty()) logits = kept;
+      else kept = logits;
+    } else {
+      logits = model_.forward(device_batch, *cache_);
+    }
     sampled.assign(sampling.rows.size(), 0);
     if (!sampling.rows.empty()) backend.sample(logits, sampling, sampled.data());
     else backend.synchronize();
