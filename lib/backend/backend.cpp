@@ -2,7 +2,12 @@
 
 #include <algorithm>
 
+#include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
+
+#ifdef XSERV_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
+#endif
 
 namespace xserv {
 
@@ -56,6 +61,28 @@ float sampling_uniform(std::uint64_t seed, std::uint64_t step) noexcept {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact in a float
+}
+
+std::unique_ptr<Backend> make_backend(DeviceKind kind, const BackendOptions& options) {
+  switch (kind) {
+    case DeviceKind::cpu: return std::make_unique<cpu::CpuBackend>(options);
+    case DeviceKind::cuda:
+#ifdef XSERV_HAVE_CUDA
+      return cuda::make_cuda_backend(options);
+#else
+      throw_error(ErrorCode::unsupported, "xserv was built without the CUDA backend");
+#endif
+  }
+  throw_error(ErrorCode::invalid_argument, "make_backend: unknown device kind {}",
+              static_cast<int>(kind));
+}
+
+bool cuda_available() noexcept {
+#ifdef XSERV_HAVE_CUDA
+  return cuda::device_available();
+#else
+  return false;
+#endif
 }
 
 }  // namespace xserv

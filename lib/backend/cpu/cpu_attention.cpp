@@ -1,0 +1,205 @@
+// qk_transform_store (per-head RMSNorm, neox RoPE, K/V into paged cache slots) and causal paged
+// attention with grouped-query indexing.
+//
+// qkv rows are [q heads | k heads | v heads], each head_dim wide. The cache is
+// [num_blocks, block_size, n_kv_heads, head_dim] f32; slot s is block s / block_size, offset
+// s % block_size. Attention tasks are (row, kv head): the group of q heads that share a kv head
+// read each cached K/V vector once; rows attend to keys at positions 0 ..= their own.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/tensor_checks.hpp"
+
+namespace xserv::cpu {
+namespace {
+
+void check_geometry(const char* op, const HeadGeometry& h) {
+  XSERV_CHECK(h.n_q_heads > 0 && h.n_kv_heads > 0 && h.head_dim > 0 &&
+                  h.n_q_heads % h.n_kv_heads == 0,
+              ErrorCode::invalid_argument,
+              "{}: bad head geometry: {} q heads, {} kv heads, head_dim {}", op, h.n_q_heads,
+              h.n_kv_heads, h.head_dim);
+}
+
+void check_cache(const char* op, const HeadGeometry& h, const KvLayer& c) {
+  check_dtype(op, "cache.k", c.k, DType::f32);
+  check_dtype(op, "cache.v", c.v, DType::f32);
+  XSERV_CHECK(c.k.shape.rank() == 4 && c.k.shape == c.v.shape && c.k.shape[2] == h.n_kv_heads &&
+                  c.k.shape[3] == h.head_dim && c.k.shape[1] > 0,
+              ErrorCode::invalid_argument,
+              "{}: cache k {} / v {} must be [blocks, block_size, {}, {}]", op, c.k.shape,
+              c.v.shape, h.n_kv_heads, h.head_dim);
+  check_data(op, "cache.k", c.k);
+  check_data(op, "cache.v", c.v);
+}
+
+void check_batch_vec(const char* op, const char* name, const Tensor& t, std::int64_t n) {
+  check_dtype(op, name, t, DType::i32);
+  XSERV_CHECK(t.numel() == n && (n == 0 || t.data), ErrorCode::invalid_argument,
+              "{}: batch.{} has {} entries, expected {}", op, name, t.numel(), n);
+}
+
+// y = weight * (x * rsqrt(mean(x^2) + eps)) over one head, as HF's Qwen3RMSNorm in f32.
+void rms_norm_head(float* x, const float* weight, std::int64_t d, float eps) {
+  double ss = 0.0;
+  for (std::int64_t i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(d)) + eps);
+  for (std::int64_t i = 0; i < d; ++i) x[i] = weight[i] * (x[i] * inv);
+}
+
+// Neox rotation: the first and second halves of the head form the (re, im) pairs.
+void rope_head(float* x, const float* cos_v, const float* sin_v, std::int64_t half) {
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * cos_v[i] - x2 * sin_v[i];
+    x[i + half] = x2 * cos_v[i] + x1 * sin_v[i];
+  }
+}
+
+}  // namespace
+
+void CpuBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& tr,
+                                    const DeviceBatch& batch, KvLayer cache) {
+  constexpr const char* op = "qk_transform_store";
+  check_geometry(op, heads);
+  check_cache(op, heads, cache);
+  check_dtype(op, "qkv", qkv, DType::f32);
+  const std::int64_t t_count = batch.num_tokens, width = heads.qkv_width(), d = heads.head_dim;
+  check_shape(op, "qkv", qkv, Shape{t_count, width});
+  check_data(op, "qkv", qkv);
+  check_batch_vec(op, "positions", batch.positions, t_count);
+  check_batch_vec(op, "slot_mapping", batch.slot_mapping, t_count);
+  for (const Tensor* nw : {&tr.q_norm, &tr.k_norm})
+    if (!nw->empty()) {
+      check_float(op, "q_norm/k_norm", *nw);
+      check_shape(op, "q_norm/k_norm", *nw, Shape{d});
+    }
+  XSERV_CHECK(!tr.rope || d % 2 == 0, ErrorCode::invalid_argument,
+              "{}: RoPE needs an even head_dim, got {}", op, d);
+  const std::int64_t slots = cache.k.shape[0] * cache.k.shape[1];
+  const auto* pos = batch.positions.as<const std::int32_t>();
+  const auto* slot = batch.slot_mapping.as<const std::int32_t>();
+  for (std::int64_t t = 0; t < t_count; ++t)
+    XSERV_CHECK(slot[t] >= 0 && slot[t] < slots && pos[t] >= 0, ErrorCode::invalid_argument,
+                "{}: row {} has slot {} (cache has {}) and position {}", op, t, slot[t], slots,
+                pos[t]);
+
+  // inv_freq[i] = 1 / theta^(2i / D), every step in f32 as HF's rotary embedding computes it.
+  const std::int64_t half = d / 2;
+  std::vector<float> inv_freq(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<std::size_t>(i)] =
+        1.0f / std::pow(tr.rope_theta, static_cast<float>(2 * i) / static_cast<float>(d));
+  const F32View qn(tr.q_norm), kn(tr.k_norm);
+  const std::int64_t kv_row = static_cast<std::int64_t>(heads.n_kv_heads) * d;
+
+  pool_.parallel_for(static_cast<std::size_t>(t_count), [&](std::size_t b, std::size_t e) {
+    std::vector<float> cs(static_cast<std::size_t>(2 * half));
+    float* cos_v = cs.data();
+    float* sin_v = cs.data() + half;
+    for (std::size_t r = b; r < e; ++r) {
+      float* row = qkv.as<float>() + static_cast<std::int64_t>(r) * width;
+      if (tr.rope) {
+        const auto p = static_cast<float>(pos[r]);
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float angle = p * inv_freq[static_cast<std::size_t>(i)];
+          cos_v[i] = std::cos(angle);
+          sin_v[i] = std::sin(angle);
+        }
+      }
+      for (std::int32_t h = 0; h < heads.n_q_heads + heads.n_kv_heads; ++h) {
+        float* x = row + h * d;
+        const float* nw = h < heads.n_q_heads ? qn.get() : kn.get();
+        if (nw) rms_norm_head(x, nw, d, tr.norm_eps);
+        if (tr.rope) rope_head(x, cos_v, sin_v, half);
+      }
+      const float* k = row + static_cast<std::int64_t>(heads.n_q_heads) * d;
+      const std::int64_t at = static_cast<std::int64_t>(slot[r]) * kv_row;
+      std::copy(k, k + kv_row, cache.k.as<float>() + at);
+      std::copy(k + kv_row, k + 2 * kv_row, cache.v.as<float>() + at);
+    }
+  }, 4);
+}
+
+void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
+                           const DeviceBatch& batch, const KvLayer& cache, float scale) {
+  constexpr const char* op = "attention";
+  check_geometry(op, heads);
+  check_cache(op, heads, cache);
+  check_dtype(op, "qkv", qkv, DType::f32);
+  check_dtype(op, "out", out, DType::f32);
+  const std::int64_t t_count = batch.num_tokens, s_count = batch.num_seqs, d = heads.head_dim;
+  const std::int64_t width = heads.qkv_width(), q_width = heads.n_q_heads * d;
+  check_shape(op, "qkv", qkv, Shape{t_count, width});
+  check_shape(op, "out", out, Shape{t_count, q_width});
+  check_data(op, "qkv", qkv);
+  check_data(op, "out", out);
+  check_batch_vec(op, "positions", batch.positions, t_count);
+  check_batch_vec(op, "query_start", batch.query_start, s_count + 1);
+  check_batch_vec(op, "context_lens", batch.context_lens, s_count);
+  const std::int64_t max_blocks = batch.max_blocks_per_seq;
+  check_batch_vec(op, "block_tables", batch.block_tables, s_count * max_blocks);
+  const std::int32_t bs = cache.block_size();
+  const std::int64_t num_blocks = cache.k.shape[0];
+  const auto* qs = batch.query_start.as<const std::int32_t>();
+  const auto* ctx = batch.context_lens.as<const std::int32_t>();
+  const auto* pos = batch.positions.as<const std::int32_t>();
+  const auto* tables = batch.block_tables.as<const std::int32_t>();
+
+  // Every block a row may read is checked here, so the kernel can index without checks.
+  std::vector<std::int32_t> row_seq(static_cast<std::size_t>(t_count));
+  XSERV_CHECK(s_count == 0 || (qs[0] == 0 && qs[s_count] == t_count), ErrorCode::invalid_argument,
+              "{}: query_start must run from 0 to {}", op, t_count);
+  for (std::int64_t s = 0; s < s_count; ++s) {
+    XSERV_CHECK(qs[s] <= qs[s + 1] && ctx[s] >= 0 && (ctx[s] + bs - 1) / bs <= max_blocks,
+                ErrorCode::invalid_argument,
+                "{}: sequence {} has rows [{}, {}) and a context of {} ({} blocks of {} allowed)",
+                op, s, qs[s], qs[s + 1], ctx[s], max_blocks, bs);
+    for (std::int64_t b = 0; b < (ctx[s] + bs - 1) / bs; ++b) {
+      const std::int32_t blk = tables[s * max_blocks + b];
+      XSERV_CHECK(blk >= 0 && blk < num_blocks, ErrorCode::invalid_argument,
+                  "{}: sequence {} block {} is {}, outside the cache's {} blocks", op, s, b, blk,
+                  num_blocks);
+    }
+    for (std::int32_t t = qs[s]; t < qs[s + 1]; ++t) {
+      XSERV_CHECK(pos[t] >= 0 && pos[t] < ctx[s], ErrorCode::invalid_argument,
+                  "{}: row {} has position {} outside its sequence's context of {}", op, t,
+                  pos[t], ctx[s]);
+      row_seq[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(s);
+    }
+  }
+
+  const KernelTable& kt = *kernels_;
+  const std::int32_t group = heads.n_q_heads / heads.n_kv_heads;
+  const std::int64_t tasks = t_count * heads.n_kv_heads;
+  const auto workers = static_cast<std::int64_t>(pool_.size());
+  // Tasks are dealt round-robin: in a prefill later rows see more keys, so contiguous ranges
+  // would leave the first threads idle.
+  pool_.parallel_for(static_cast<std::size_t>(std::min(workers, tasks)),
+                     [&](std::size_t b, std::size_t e) {
+    std::vector<float> scratch;
+    for (auto w = static_cast<std::int64_t>(b); w < static_cast<std::int64_t>(e); ++w)
+      for (std::int64_t task = w; task < tasks; task += workers) {
+        const std::int64_t t = task / heads.n_kv_heads, h = task % heads.n_kv_heads;
+        const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
+        AttentionTask at;
+        at.q = qkv.as<const float>() + t * width + h * group * d;
+        at.out = out.as<float>() + t * q_width + h * group * d;
+        at.group = group;
+        at.head_dim = heads.head_dim;
+        at.n_keys = pos[t] + 1;
+        at.block_table = tables + s * max_blocks;
+        at.block_size = bs;
+        at.k_cache = cache.k.as<const float>() + h * d;
+        at.v_cache = cache.v.as<const float>() + h * d;
+        at.slot_stride = heads.n_kv_heads * d;
+        at.scale = scale;
+        scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
+        kt.attention(at, scratch.data());
+      }
+  });
+}
+
+}  // namespace xserv::cpu

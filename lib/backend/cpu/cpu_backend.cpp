@@ -1,0 +1,194 @@
+// CpuBackend: memory, batch upload and the elementwise ops (embedding, gelu, swiglu, gather).
+// GEMM, norms, attention and sampling live in cpu_gemm.cpp, cpu_norm.cpp, cpu_attention.cpp and
+// cpu_sampling.cpp.
+#include "backend/cpu/cpu_backend.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/tensor_checks.hpp"
+
+#ifdef XSERV_HAVE_BLAS
+#include <cblas.h>
+// OpenBLAS's own thread count; declared here too in case cblas.h is another vendor's.
+extern "C" void openblas_set_num_threads(int num_threads);
+#endif
+
+namespace xserv::cpu {
+
+CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels)
+    : pool_(options.threads), kernels_(kernels ? kernels : &cpu::kernels()) {
+#ifdef XSERV_HAVE_BLAS
+  // OpenBLAS keeps a process-wide pool; match it to ours so the two never oversubscribe.
+  openblas_set_num_threads(static_cast<int>(pool_.size()));
+#endif
+}
+
+std::string CpuBackend::name() const {
+  return fmt::format("cpu ({} threads, {} kernels{})", pool_.size(), kernels_->isa,
+#ifdef XSERV_HAVE_BLAS
+                     ", OpenBLAS"
+#else
+                     ""
+#endif
+  );
+}
+
+Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }
+
+Tensor CpuBackend::import_weight(const Tensor& host) {
+  XSERV_CHECK(host.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument,
+              "import_weight: the source of shape {} is not in host memory", host.shape);
+  return host;  // zero copy: the mmap'd checkpoint is already where the CPU ops read
+}
+
+void CpuBackend::upload(Tensor dst, const void* host_src) {
+  check_data("upload", "dst", dst);
+  if (dst.bytes() && dst.data != host_src) std::memcpy(dst.data, host_src, dst.bytes());
+}
+
+void CpuBackend::download(void* host_dst, const Tensor& src) {
+  check_data("download", "src", src);
+  if (src.bytes() && src.data != host_dst) std::memcpy(host_dst, src.data, src.bytes());
+}
+
+void CpuBackend::fill_zero(Tensor dst) {
+  check_data("fill_zero", "dst", dst);
+  if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
+}
+
+DeviceBatch CpuBackend::upload_batch(const ForwardBatch& b) {
+  const std::vector<std::int32_t>* parts[] = {&b.token_ids,    &b.positions,    &b.slot_mapping,
+                                              &b.query_start,  &b.context_lens, &b.block_tables,
+                                              &b.logit_rows};
+  std::size_t total = 0;
+  for (const auto* p : parts) total += p->size();
+  batch_storage_.resize(total);
+  Tensor views[7];
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < 7; ++i) {
+    const auto& v = *parts[i];
+    if (!v.empty()) std::memcpy(batch_storage_.data() + at, v.data(), v.size() * sizeof(std::int32_t));
+    views[i] = Tensor(v.empty() ? nullptr : batch_storage_.data() + at, DType::i32,
+                      Shape{static_cast<std::int64_t>(v.size())}, device());
+    at += v.size();
+  }
+  DeviceBatch d;
+  d.token_ids = views[0];
+  d.positions = views[1];
+  d.slot_mapping = views[2];
+  d.query_start = views[3];
+  d.context_lens = views[4];
+  d.block_tables = views[5];
+  d.logit_rows = views[6];
+  d.num_tokens = b.num_tokens();
+  d.num_seqs = b.num_seqs();
+  d.num_logit_rows = static_cast<std::int32_t>(b.logit_rows.size());
+  d.max_query_len = b.max_query_len();
+  d.max_context_len = b.max_context_len();
+  d.max_blocks_per_seq = b.max_blocks_per_seq;
+  return d;
+}
+
+void CpuBackend::embedding(Tensor out, const Tensor& ids, const Tensor& table,
+                           const Tensor& pos_table, const Tensor& positions) {
+  constexpr const char* op = "embedding";
+  check_dtype(op, "ids", ids, DType::i32);
+  check_dtype(op, "out", out, DType::f32);
+  check_float(op, "table", table);
+  XSERV_CHECK(table.shape.rank() == 2, ErrorCode::invalid_argument,
+              "embedding: table has shape {}, expected [vocab, d]", table.shape);
+  const std::int64_t t_count = ids.numel(), d = table.shape[1], vocab = table.shape[0];
+  check_shape(op, "out", out, Shape{t_count, d});
+  check_data(op, "ids", ids);
+  check_data(op, "out", out);
+  const bool with_pos = !pos_table.empty();
+  if (with_pos) {
+    check_float(op, "pos_table", pos_table);
+    check_dtype(op, "positions", positions, DType::i32);
+    XSERV_CHECK(pos_table.shape.rank() == 2 && pos_table.shape[1] == d, ErrorCode::invalid_argument,
+                "embedding: pos_table has shape {}, expected [positions, {}]", pos_table.shape, d);
+    check_shape(op, "positions", positions, Shape{t_count});
+    check_data(op, "positions", positions);
+  }
+  const auto* id = ids.as<const std::int32_t>();
+  const auto* pos = with_pos ? positions.as<const std::int32_t>() : nullptr;
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    XSERV_CHECK(id[t] >= 0 && id[t] < vocab, ErrorCode::invalid_argument,
+                "embedding: token id {} at row {} is outside the vocabulary of {}", id[t], t, vocab);
+    if (with_pos)
+      XSERV_CHECK(pos[t] >= 0 && pos[t] < pos_table.shape[0], ErrorCode::invalid_argument,
+                  "embedding: position {} at row {} is outside the {} learned positions", pos[t],
+                  t, pos_table.shape[0]);
+  }
+  const std::size_t esize = dtype_size(table.dtype), psize = dtype_size(pos_table.dtype);
+  pool_.parallel_for(static_cast<std::size_t>(t_count), [&](std::size_t b, std::size_t e) {
+    std::vector<float> tmp(with_pos ? static_cast<std::size_t>(d) : 0);
+    for (std::size_t t = b; t < e; ++t) {
+      float* o = out.as<float>() + static_cast<std::int64_t>(t) * d;
+      convert_to_f32(table.as<const char>() + static_cast<std::size_t>(id[t]) * d * esize,
+                     table.dtype, o, static_cast<std::size_t>(d));
+      if (with_pos) {
+        convert_to_f32(pos_table.as<const char>() + static_cast<std::size_t>(pos[t]) * d * psize,
+                       pos_table.dtype, tmp.data(), tmp.size());
+        for (std::int64_t i = 0; i < d; ++i) o[i] += tmp[static_cast<std::size_t>(i)];
+      }
+    }
+  }, 8);
+}
+
+void CpuBackend::gelu(Tensor x) {
+  check_dtype("gelu", "x", x, DType::f32);
+  check_data("gelu", "x", x);
+  float* p = x.as<float>();
+  pool_.parallel_for(static_cast<std::size_t>(x.numel()), [&](std::size_t b, std::size_t e) {
+    constexpr float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+    constexpr float k1 = 0.044715f;
+    for (std::size_t i = b; i < e; ++i) {
+      const float v = p[i];
+      p[i] = 0.5f * v * (1.0f + std::tanh(k0 * (v + k1 * v * v * v)));
+    }
+  }, 4096);
+}
+
+void CpuBackend::swiglu(Tensor out, const Tensor& gate_up) {
+  constexpr const char* op = "swiglu";
+  check_dtype(op, "gate_up", gate_up, DType::f32);
+  check_dtype(op, "out", out, DType::f32);
+  const std::int64_t rows = rows_of(gate_up), width = gate_up.shape.back();
+  XSERV_CHECK(gate_up.shape.rank() == 2 && width % 2 == 0, ErrorCode::invalid_argument,
+              "swiglu: gate_up has shape {}, expected [T, 2 * I]", gate_up.shape);
+  const std::int64_t inter = width / 2;
+  check_shape(op, "out", out, Shape{rows, inter});
+  check_data(op, "gate_up", gate_up);
+  check_data(op, "out", out);
+  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) {
+      const float* g = gate_up.as<const float>() + static_cast<std::int64_t>(r) * width;
+      const float* u = g + inter;
+      float* o = out.as<float>() + static_cast<std::int64_t>(r) * inter;
+      for (std::int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+  }, 1);
+}
+
+void CpuBackend::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
+  constexpr const char* op = "gather_rows";
+  check_dtype(op, "rows", rows, DType::i32);
+  check_dtype(op, "x", x, DType::f32);
+  check_dtype(op, "out", out, DType::f32);
+  XSERV_CHECK(x.shape.rank() == 2, ErrorCode::invalid_argument,
+              "gather_rows: x has shape {}, expected [T, d]", x.shape);
+  const std::int64_t r_count = rows.numel(), d = x.shape[1];
+  check_shape(op, "out", out, Shape{r_count, d});
+  check_data(op, "rows", rows);
+  const auto* r = rows.as<const std::int32_t>();
+  for (std::int64_t i = 0; i < r_count; ++i) {
+    XSERV_CHECK(r[i] >= 0 && r[i] < x.shape[0], ErrorCode::invalid_argument,
+                "gather_rows: row {} is outside x of shape {}", r[i], x.shape);
+    std::memmove(out.as<float>() + i * d, x.as<const float>() + r[i] * d,
+                 static_cast<std::size_t>(d) * sizeof(float));
+  }
+}
+
+}  // namespace xserv::cpu

@@ -1,0 +1,74 @@
+// CpuBackend: the reference implementation of Backend, and the path for machines without a GPU.
+//
+// Activations and the KV cache are f32; weights stay in their file dtype (f32, bf16, f16) and are
+// converted tile by tile inside the kernels, accumulating in f32. Ops run synchronously on the
+// calling thread plus a ThreadPool (BackendOptions::threads, 0 = all hardware threads); the hot
+// loops are picked per instruction set at run time (cpu_kernels.hpp). f32 GEMMs with more rows
+// than a GEMV go to OpenBLAS when xserv is built with it (XSERV_HAVE_BLAS).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cpu/cpu_kernels.hpp"
+#include "core/thread_pool.hpp"
+
+namespace xserv::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  // `kernels` overrides the instruction-set choice (tests run every table); null = the best.
+  explicit CpuBackend(const BackendOptions& options = {}, const KernelTable* kernels = nullptr);
+
+  Device device() const noexcept override { return Device{DeviceKind::cpu, 0}; }
+  std::string name() const override;
+  DType activation_dtype(DType) const noexcept override { return DType::f32; }
+
+  Allocator& allocator() noexcept override;
+  Tensor import_weight(const Tensor& host) override;
+  void upload(Tensor dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void fill_zero(Tensor dst) override;
+  DeviceBatch upload_batch(const ForwardBatch& batch) override;
+  void synchronize() override {}
+
+  void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
+                 const Tensor& positions) override;
+  void layer_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                  const Tensor& bias, float eps) override;
+  void rms_norm(Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+                float eps) override;
+  void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
+            float beta = 0.0f, std::int64_t out_row_stride = 0) override;
+  void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                          const DeviceBatch& batch, KvLayer cache) override;
+  void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
+                 const DeviceBatch& batch, const KvLayer& cache, float scale) override;
+  void gelu(Tensor x) override;
+  void swiglu(Tensor out, const Tensor& gate_up) override;
+  void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
+  void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
+
+  std::size_t threads() const noexcept { return pool_.size(); }
+  const KernelTable& kernel_table() const noexcept { return *kernels_; }
+
+ private:
+  void norm(const char* op, Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
+            const Tensor& bias, float eps, bool rms);
+
+  ThreadPool pool_;
+  const KernelTable* kernels_;
+  // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
+  std::vector<std::int32_t> batch_storage_;
+};
+
+// One row of sampling (logits modified in place): penalties, temperature, top-k, top-p, min-p,
+// then the inverse-CDF draw with sampling_uniform(row.seed, row.step) over the kept tokens in
+// descending probability order (ties: lower id first). Throws on a history id outside the vocab.
+std::int32_t sample_row(std::span<float> logits, const SamplingRow& row,
+                        std::span<const std::int32_t> prompt_tokens,
+                        std::span<const std::int32_t> output_tokens);
+
+}  // namespace xserv::cpu

@@ -1,0 +1,77 @@
+// The CPU backend's hot loops, compiled once per instruction set and picked at run time.
+//
+// xserv is built without -march (a library must run on any x86-64 or ARM machine), so the loops
+// that dominate a forward (GEMM/GEMV tiles, attention over the cache) live in cpu_kernels.inc,
+// which is compiled several times: generic (the compiler's baseline), and on x86-64 also with
+// AVX2+FMA+F16C and with AVX-512. kernels() returns the best table the running CPU supports.
+// Each compilation sits in its own namespace, so the copies never collide (no ODR mixing).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "tensor/dtype.hpp"
+
+namespace xserv::cpu {
+
+// out[m, n] = sum_k a[m, k] * W(k, n) + bias[n] + beta * out[m, n] for a tile of rows and columns.
+struct GemmProblem {
+  const float* a = nullptr;  // [m, k], rows k apart
+  std::int64_t m = 0, k = 0, n = 0;
+  const void* w = nullptr;  // [k, n] (in_out) or [n, k] (out_in), in w_dtype
+  DType w_dtype = DType::f32;
+  WeightLayout layout = WeightLayout::in_out;
+  const float* bias = nullptr;  // [n] f32 or null
+  float beta = 0.0f;
+  float* out = nullptr;  // rows ldo apart
+  std::int64_t ldo = 0;
+};
+
+// Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
+inline constexpr std::int64_t gemv_max_rows = 8;
+
+// Attention of one row's query heads of one KV group over keys [0, n_keys) of its sequence.
+struct AttentionTask {
+  const float* q = nullptr;  // [group, head_dim], heads head_dim apart
+  float* out = nullptr;      // [group, head_dim]
+  std::int32_t group = 1;    // q heads sharing this kv head
+  std::int32_t head_dim = 0;
+  std::int32_t n_keys = 0;
+  const std::int32_t* block_table = nullptr;  // the sequence's blocks
+  std::int32_t block_size = 0;
+  const float* k_cache = nullptr;  // points at kv head h of slot 0
+  const float* v_cache = nullptr;
+  std::int64_t slot_stride = 0;  // floats between consecutive slots (n_kv_heads * head_dim)
+  float scale = 1.0f;
+};
+
+// Scratch (floats, per calling thread) the kernels need.
+inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
+inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
+  return static_cast<std::int64_t>(t.group) * (t.head_dim + t.block_size + 2);
+}
+
+struct KernelTable {
+  const char* isa;
+  // Output rows [m0, m1) and columns [n0, n1) of a GEMM, epilogue included. Tiles of at most
+  // gemv_max_rows rows take the GEMV path.
+  void (*gemm_tile)(const GemmProblem& p, std::int64_t m0, std::int64_t m1, std::int64_t n0,
+                    std::int64_t n1, float* scratch);
+  void (*attention)(const AttentionTask& t, float* scratch);
+};
+
+namespace generic { extern const KernelTable table; }
+#if defined(__x86_64__) && defined(__GNUC__)
+#define XSERV_CPU_X86_KERNELS 1
+namespace avx2 { extern const KernelTable table; }
+namespace avx512 { extern const KernelTable table; }
+#endif
+
+// The fastest table this CPU runs; XSERV_CPU_ISA=generic|avx2|avx512 in the environment picks
+// another one the CPU supports (benchmarks compare them).
+const KernelTable& kernels() noexcept;
+// Every table this CPU can run, generic first (tests check each against a reference).
+std::vector<const KernelTable*> supported_kernels();
+
+}  // namespace xserv::cpu

@@ -1,0 +1,544 @@
+// CPU backend ops against naive references (double precision, written here) on random inputs:
+// odd sizes, every weight dtype, every kernel table this CPU runs, paged multi-sequence batches
+// with shuffled block tables and GQA ratios 1/2/4.
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cpu/cpu_backend.hpp"
+#include "core/error.hpp"
+#include "cpu_test_util.hpp"
+
+using namespace xserv;
+using xserv::cpu::CpuBackend;
+using namespace xserv::test;
+
+namespace {
+
+constexpr DType kWeightTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+std::vector<std::unique_ptr<CpuBackend>> every_backend(std::size_t threads = 3) {
+  std::vector<std::unique_ptr<CpuBackend>> v;
+  for (const auto* k : cpu::supported_kernels())
+    v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}, k));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dtypes", "[cpu]") {
+  std::mt19937 rng(1);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 7, 5},    {1, 300, 257}, {2, 64, 33},  {5, 33, 70},  {8, 130, 200},
+                        {9, 77, 50},  {13, 256, 129}, {40, 300, 140}, {70, 129, 300}, {3, 0, 4}};
+  for (auto& be : every_backend()) {
+    for (const auto& c : cases) {
+      for (DType wt : kWeightTypes) {
+        for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+          const bool out_in = layout == WeightLayout::out_in;
+          const bool with_bias = (c.m + c.n) % 2 == 0, strided = c.m % 3 == 1;
+          const float beta = c.n % 2 ? 1.0f : 0.0f;
+          INFO(be->name() << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                          << dtype_name(wt) << " out_in=" << out_in << " beta=" << beta);
+          auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+          auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+          auto bias = make_weight(rng, static_cast<std::size_t>(c.n), wt);
+          const std::int64_t ldo = strided ? c.n + 3 : c.n;
+          auto out = random_floats(rng, static_cast<std::size_t>(c.m * ldo));
+          if (beta == 0.0f) std::fill(out.begin(), out.end(), NAN);  // must be ignored
+          std::vector<double> want(out.size());
+          std::vector<double> mag(out.size());
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = 0; j < c.n; ++j) {
+              double s = 0.0, s_abs = 0.0;
+              for (std::int64_t k = 0; k < c.k; ++k) {
+                const double wv = w.values[static_cast<std::size_t>(out_in ? j * c.k + k : k * c.n + j)];
+                s += a[static_cast<std::size_t>(i * c.k + k)] * wv;
+                s_abs += std::abs(a[static_cast<std::size_t>(i * c.k + k)] * wv);
+              }
+              if (with_bias) s += bias.values[static_cast<std::size_t>(j)];
+              const auto o = static_cast<std::size_t>(i * ldo + j);
+              if (beta != 0.0f) s += beta * out[o];
+              want[o] = s;
+              mag[o] = s_abs + 1.0;
+            }
+          std::vector<float> got = out;
+          const Shape ws = out_in ? Shape{c.n, c.k} : Shape{c.k, c.n};
+          be->gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+                   w.tensor(ws), layout, with_bias ? bias.tensor({c.n}) : Tensor{}, beta,
+                   strided ? ldo : 0);
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = 0; j < ldo; ++j) {
+              const auto o = static_cast<std::size_t>(i * ldo + j);
+              if (j >= c.n) {  // columns past the slice are untouched
+                REQUIRE(std::isnan(got[o]) == std::isnan(out[o]));
+                continue;
+              }
+              INFO("row " << i << " col " << j << " got " << got[o] << " want " << want[o]);
+              REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu gemm rejects mismatched shapes and dtypes", "[cpu]") {
+  CpuBackend be(BackendOptions{2, 0});
+  std::vector<float> a(6), w(12), out(8);
+  REQUIRE_THROWS_AS(be.gemm(view(out, {2, 4}), view(a, {2, 3}), view(w, {4, 3}),
+                            WeightLayout::in_out, Tensor{}),
+                    Error);
+  REQUIRE_THROWS_WITH(be.gemm(view(out, {2, 4}), view(a, {2, 3}), view(w, {4, 3}),
+                              WeightLayout::in_out, Tensor{}),
+                      Catch::Contains("gemm") && Catch::Contains("[2, 3]"));
+  REQUIRE_NOTHROW(be.gemm(view(out, {2, 4}), view(a, {2, 3}), view(w, {4, 3}),
+                          WeightLayout::out_in, Tensor{}));
+  std::vector<std::int32_t> ai(6);
+  REQUIRE_THROWS_AS(be.gemm(view(out, {2, 4}), view(ai, {2, 3}), view(w, {4, 3}),
+                            WeightLayout::out_in, Tensor{}),
+                    Error);
+}
+
+TEST_CASE("cpu layer_norm and rms_norm, with and without the fused residual", "[cpu]") {
+  std::mt19937 rng(2);
+  CpuBackend be(BackendOptions{3, 0});
+  for (std::int64_t d : {1, 7, 64, 333}) {
+    for (DType wt : kWeightTypes) {
+      for (bool fused : {false, true}) {
+        for (bool rms : {false, true}) {
+          INFO("d=" << d << " w=" << dtype_name(wt) << " fused=" << fused << " rms=" << rms);
+          const std::int64_t rows = 5;
+          auto x = random_floats(rng, static_cast<std::size_t>(rows * d), -2.0f, 3.0f);
+          auto res = random_floats(rng, x.size());
+          auto w = make_weight(rng, static_cast<std::size_t>(d), wt);
+          auto b = make_weight(rng, static_cast<std::size_t>(d), wt);
+          const float eps = 1e-5f;
+          std::vector<double> want(x.size()), want_res(x.size());
+          for (std::int64_t r = 0; r < rows; ++r) {
+            std::vector<double> v(static_cast<std::size_t>(d));
+            for (std::int64_t i = 0; i < d; ++i) {
+              const auto o = static_cast<std::size_t>(r * d + i);
+              v[static_cast<std::size_t>(i)] = fused ? static_cast<double>(res[o] + x[o]) : x[o];
+              want_res[o] = v[static_cast<std::size_t>(i)];
+            }
+            double mean = 0.0, var = 0.0, ss = 0.0;
+            for (double e : v) mean += e, ss += e * e;
+            mean /= static_cast<double>(d);
+            for (double e : v) var += (e - mean) * (e - mean);
+            var /= static_cast<double>(d);
+            ss /= static_cast<double>(d);
+            for (std::int64_t i = 0; i < d; ++i) {
+              const auto o = static_cast<std::size_t>(r * d + i);
+              const double e = v[static_cast<std::size_t>(i)];
+              const double wv = w.values[static_cast<std::size_t>(i)];
+              want[o] = rms ? e / std::sqrt(ss + eps) * wv
+                            : (e - mean) / std::sqrt(var + eps) * wv + b.values[static_cast<std::size_t>(i)];
+            }
+          }
+          std::vector<float> out(x.size(), NAN);
+          auto res_got = res;
+          Tensor rt = fused ? view(res_got, {rows, d}) : Tensor{};
+          if (rms)
+            be.rms_norm(view(out, {rows, d}), view(x, {rows, d}), rt, w.tensor({d}), eps);
+          else
+            be.layer_norm(view(out, {rows, d}), view(x, {rows, d}), rt, w.tensor({d}),
+                          b.tensor({d}), eps);
+          require_close(out, want, 1e-5, 1e-5);
+          if (fused) require_close(res_got, want_res, 0.0, 0.0);
+        }
+      }
+    }
+  }
+  std::vector<float> x(12), out(12), w(5);
+  REQUIRE_THROWS_WITH(be.rms_norm(view(out, {3, 4}), view(x, {3, 4}), Tensor{}, view(w, {5}), 1e-6f),
+                      Catch::Contains("rms_norm"));
+}
+
+TEST_CASE("cpu embedding with and without learned positions", "[cpu]") {
+  std::mt19937 rng(3);
+  CpuBackend be(BackendOptions{2, 0});
+  const std::int64_t vocab = 37, d = 19, n_pos = 11, t = 9;
+  for (DType wt : kWeightTypes) {
+    auto table = make_weight(rng, static_cast<std::size_t>(vocab * d), wt);
+    auto pos_table = make_weight(rng, static_cast<std::size_t>(n_pos * d), wt);
+    std::vector<std::int32_t> ids(t), pos(t);
+    for (std::int64_t i = 0; i < t; ++i) {
+      ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(rng() % vocab);
+      pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(rng() % n_pos);
+    }
+    for (bool with_pos : {false, true}) {
+      std::vector<float> out(static_cast<std::size_t>(t * d), NAN);
+      be.embedding(view(out, {t, d}), view(ids, {t}), table.tensor({vocab, d}),
+                   with_pos ? pos_table.tensor({n_pos, d}) : Tensor{},
+                   with_pos ? view(pos, {t}) : Tensor{});
+      std::vector<double> want(out.size());
+      for (std::int64_t i = 0; i < t; ++i)
+        for (std::int64_t j = 0; j < d; ++j)
+          want[static_cast<std::size_t>(i * d + j)] =
+              static_cast<double>(table.values[static_cast<std::size_t>(ids[static_cast<std::size_t>(i)] * d + j)]) +
+              (with_pos ? pos_table.values[static_cast<std::size_t>(pos[static_cast<std::size_t>(i)] * d + j)] : 0.0f);
+      require_close(out, want, 1e-6, 1e-6);
+    }
+    ids[4] = static_cast<std::int32_t>(vocab);
+    std::vector<float> out(static_cast<std::size_t>(t * d));
+    REQUIRE_THROWS_AS(be.embedding(view(out, {t, d}), view(ids, {t}), table.tensor({vocab, d}),
+                                   Tensor{}, Tensor{}),
+                      Error);
+  }
+}
+
+TEST_CASE("cpu gelu, swiglu and gather_rows", "[cpu]") {
+  std::mt19937 rng(4);
+  CpuBackend be(BackendOptions{2, 0});
+  auto x = random_floats(rng, 10001, -6.0f, 6.0f);
+  auto y = x;
+  be.gelu(view(y, {10001}));
+  std::vector<double> want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    want[i] = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+  }
+  require_close(y, want, 1e-6, 1e-5);
+
+  const std::int64_t t = 7, inter = 13;
+  auto gu = random_floats(rng, static_cast<std::size_t>(t * 2 * inter), -5.0f, 5.0f);
+  std::vector<float> out(static_cast<std::size_t>(t * inter));
+  be.swiglu(view(out, {t, inter}), view(gu, {t, 2 * inter}));
+  std::vector<double> want_s(out.size());
+  for (std::int64_t r = 0; r < t; ++r)
+    for (std::int64_t i = 0; i < inter; ++i) {
+      const double g = gu[static_cast<std::size_t>(r * 2 * inter + i)];
+      const double u = gu[static_cast<std::size_t>(r * 2 * inter + inter + i)];
+      want_s[static_cast<std::size_t>(r * inter + i)] = g / (1.0 + std::exp(-g)) * u;
+    }
+  require_close(out, want_s, 1e-6, 1e-5);
+
+  std::vector<std::int32_t> rows{0, 3, 6};
+  std::vector<float> g(3 * 2 * inter);
+  be.gather_rows(view(g, {3, 2 * inter}), view(gu, {t, 2 * inter}), view(rows, {3}));
+  for (std::size_t r = 0; r < 3; ++r)
+    for (std::int64_t i = 0; i < 2 * inter; ++i)
+      REQUIRE(g[r * 2 * inter + static_cast<std::size_t>(i)] ==
+              gu[static_cast<std::size_t>(rows[r]) * 2 * inter + static_cast<std::size_t>(i)]);
+  rows[2] = 7;
+  REQUIRE_THROWS_AS(be.gather_rows(view(g, {3, 2 * inter}), view(gu, {t, 2 * inter}), view(rows, {3})),
+                    Error);
+}
+
+namespace {
+
+// A paged batch of several sequences: random context and query lengths, every context token's
+// K/V in the cache at a slot of a shuffled block table.
+struct PagedCase {
+  HeadGeometry heads;
+  std::int32_t block_size = 0, num_blocks = 0;
+  ForwardBatch batch;
+  std::vector<float> k_cache, v_cache, qkv;
+  // Reference K/V per sequence and position: [seq][pos][kv_head][d].
+  std::vector<std::vector<float>> ref_k, ref_v;
+  std::vector<std::int32_t> row_seq;
+
+  KvLayer cache() {
+    const Shape s{num_blocks, block_size, heads.n_kv_heads, heads.head_dim};
+    return KvLayer{Tensor(k_cache.data(), DType::f32, s), Tensor(v_cache.data(), DType::f32, s)};
+  }
+};
+
+PagedCase make_paged(std::mt19937& rng, HeadGeometry heads, std::int32_t block_size,
+                     const std::vector<std::pair<std::int32_t, std::int32_t>>& ctx_query) {
+  PagedCase c;
+  c.heads = heads;
+  c.block_size = block_size;
+  const auto s_count = static_cast<std::int32_t>(ctx_query.size());
+  std::int32_t max_blocks = 0, total_blocks = 0;
+  for (auto [ctx, q] : ctx_query) {
+    max_blocks = std::max(max_blocks, (ctx + block_size - 1) / block_size);
+    total_blocks += (ctx + block_size - 1) / block_size;
+  }
+  c.num_blocks = total_blocks + 3;
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(c.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const std::int64_t kv_row = static_cast<std::int64_t>(heads.n_kv_heads) * heads.head_dim;
+  c.k_cache = random_floats(rng, static_cast<std::size_t>(c.num_blocks * block_size * kv_row));
+  c.v_cache = random_floats(rng, c.k_cache.size());
+  auto& b = c.batch;
+  b.max_blocks_per_seq = max_blocks;
+  b.block_tables.assign(static_cast<std::size_t>(s_count * max_blocks), 0);
+  b.query_start.push_back(0);
+  std::size_t next_block = 0;
+  for (std::int32_t s = 0; s < s_count; ++s) {
+    auto [ctx, q] = ctx_query[static_cast<std::size_t>(s)];
+    for (std::int32_t j = 0; j < (ctx + block_size - 1) / block_size; ++j)
+      b.block_tables[static_cast<std::size_t>(s * max_blocks + j)] = perm[next_block++];
+    c.ref_k.emplace_back(static_cast<std::size_t>(ctx * kv_row));
+    c.ref_v.emplace_back(static_cast<std::size_t>(ctx * kv_row));
+    for (std::int32_t p = 0; p < ctx; ++p) {
+      const std::int32_t slot =
+          b.block_tables[static_cast<std::size_t>(s * max_blocks + p / block_size)] * block_size +
+          p % block_size;
+      std::copy_n(c.k_cache.begin() + slot * kv_row, kv_row, c.ref_k.back().begin() + p * kv_row);
+      std::copy_n(c.v_cache.begin() + slot * kv_row, kv_row, c.ref_v.back().begin() + p * kv_row);
+      if (p >= ctx - q) {
+        b.token_ids.push_back(0);
+        b.positions.push_back(p);
+        b.slot_mapping.push_back(slot);
+        c.row_seq.push_back(s);
+      }
+    }
+    b.query_start.push_back(static_cast<std::int32_t>(b.positions.size()));
+    b.context_lens.push_back(ctx);
+  }
+  c.qkv = random_floats(rng, b.positions.size() * static_cast<std::size_t>(heads.qkv_width()));
+  b.validate(block_size);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("cpu paged attention matches a naive causal reference", "[cpu]") {
+  std::mt19937 rng(5);
+  const HeadGeometry geoms[] = {{4, 4, 64}, {4, 2, 128}, {8, 2, 33}, {4, 1, 7}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> seqs = {
+      {19, 19}, {1, 1}, {40, 1}, {23, 6}, {16, 16}, {9, 1}};
+  for (auto& be : every_backend()) {
+    for (const auto& geom : geoms) {
+      for (std::int32_t bs : {4, 16}) {
+        INFO(be->name() << " heads " << geom.n_q_heads << "/" << geom.n_kv_heads << " d "
+                        << geom.head_dim << " block " << bs);
+        auto c = make_paged(rng, geom, bs, seqs);
+        const std::int64_t t = c.batch.num_tokens(), d = geom.head_dim;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        std::vector<float> out(static_cast<std::size_t>(t * geom.n_q_heads * d), NAN);
+        const DeviceBatch db = be->upload_batch(c.batch);
+        be->attention(view(out, {t, geom.n_q_heads * d}), view(c.qkv, {t, geom.qkv_width()}),
+                      geom, db, c.cache(), scale);
+        std::vector<double> want(out.size());
+        const std::int32_t group = geom.n_q_heads / geom.n_kv_heads;
+        for (std::int64_t r = 0; r < t; ++r) {
+          const auto s = static_cast<std::size_t>(c.row_seq[static_cast<std::size_t>(r)]);
+          const std::int32_t p = c.batch.positions[static_cast<std::size_t>(r)];
+          for (std::int32_t h = 0; h < geom.n_q_heads; ++h) {
+            const float* q = c.qkv.data() + r * geom.qkv_width() + h * d;
+            const std::int32_t kvh = h / group;
+            std::vector<double> sc(static_cast<std::size_t>(p + 1));
+            double mx = -1e300;
+            for (std::int32_t j = 0; j <= p; ++j) {
+              const float* k = c.ref_k[s].data() + (j * geom.n_kv_heads + kvh) * d;
+              double dot = 0.0;
+              for (std::int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+              sc[static_cast<std::size_t>(j)] = dot * scale;
+              mx = std::max(mx, dot * scale);
+            }
+            double sum = 0.0;
+            for (auto& e : sc) sum += (e = std::exp(e - mx));
+            for (std::int64_t i = 0; i < d; ++i) {
+              double acc = 0.0;
+              for (std::int32_t j = 0; j <= p; ++j)
+                acc += sc[static_cast<std::size_t>(j)] *
+                       c.ref_v[s][static_cast<std::size_t>((j * geom.n_kv_heads + kvh) * d + i)];
+              want[static_cast<std::size_t>(r * geom.n_q_heads * d + h * d + i)] = acc / sum;
+            }
+          }
+        }
+        require_close(out, want, 2e-6, 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu attention rejects block tables and positions outside the cache", "[cpu]") {
+  std::mt19937 rng(6);
+  CpuBackend be(BackendOptions{2, 0});
+  const HeadGeometry geom{2, 1, 8};
+  auto c = make_paged(rng, geom, 4, {{6, 2}});
+  std::vector<float> out(static_cast<std::size_t>(2 * 16));
+  c.batch.block_tables[1] = c.num_blocks;
+  REQUIRE_THROWS_WITH(be.attention(view(out, {2, 16}), view(c.qkv, {2, geom.qkv_width()}), geom,
+                                   be.upload_batch(c.batch), c.cache(), 1.0f),
+                      Catch::Contains("attention"));
+  c.batch.block_tables[1] = 0;
+  c.batch.positions[1] = 6;
+  REQUIRE_THROWS_AS(be.attention(view(out, {2, 16}), view(c.qkv, {2, geom.qkv_width()}), geom,
+                                 be.upload_batch(c.batch), c.cache(), 1.0f),
+                    Error);
+}
+
+TEST_CASE("cpu qk_transform_store: per-head RMSNorm, neox RoPE, K/V into cache slots", "[cpu]") {
+  std::mt19937 rng(7);
+  struct Case {
+    HeadGeometry geom;
+    bool norm, rope;
+  };
+  const Case cases[] = {{{4, 4, 64}, true, true},   {{4, 2, 128}, true, true},
+                        {{8, 2, 64}, false, true},  {{4, 1, 5}, true, false},
+                        {{2, 2, 16}, false, false}};
+  CpuBackend be(BackendOptions{3, 0});
+  for (const auto& cs : cases) {
+    for (DType wt : kWeightTypes) {
+      const auto& g = cs.geom;
+      INFO("heads " << g.n_q_heads << "/" << g.n_kv_heads << " d " << g.head_dim << " norm "
+                    << cs.norm << " rope " << cs.rope << " w " << dtype_name(wt));
+      auto c = make_paged(rng, g, 8, {{13, 13}, {30, 1}, {20, 5}});
+      std::fill(c.k_cache.begin(), c.k_cache.end(), NAN);
+      std::fill(c.v_cache.begin(), c.v_cache.end(), NAN);
+      const std::int64_t d = g.head_dim, t = c.batch.num_tokens(), width = g.qkv_width();
+      auto qn = make_weight(rng, static_cast<std::size_t>(d), wt, 0.5f, 1.5f);
+      auto kn = make_weight(rng, static_cast<std::size_t>(d), wt, 0.5f, 1.5f);
+      QkTransform tr;
+      if (cs.norm) {
+        tr.q_norm = qn.tensor({d});
+        tr.k_norm = kn.tensor({d});
+      }
+      tr.norm_eps = 1e-6f;
+      tr.rope = cs.rope;
+      tr.rope_theta = 1000000.0f;
+      // Reference: double arithmetic on the same f32 angles HF computes.
+      std::vector<double> want(c.qkv.size());
+      for (std::int64_t r = 0; r < t; ++r) {
+        const float pos = static_cast<float>(c.batch.positions[static_cast<std::size_t>(r)]);
+        for (std::int32_t h = 0; h < g.n_q_heads + 2 * g.n_kv_heads; ++h) {
+          std::vector<double> x(static_cast<std::size_t>(d));
+          for (std::int64_t i = 0; i < d; ++i) x[static_cast<std::size_t>(i)] = c.qkv[static_cast<std::size_t>(r * width + h * d + i)];
+          const bool is_v = h >= g.n_q_heads + g.n_kv_heads;
+          if (!is_v && cs.norm) {
+            double ss = 0.0;
+            for (double e : x) ss += e * e;
+            const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + 1e-6);
+            const auto& w = h < g.n_q_heads ? qn.values : kn.values;
+            for (std::int64_t i = 0; i < d; ++i) x[static_cast<std::size_t>(i)] *= inv * w[static_cast<std::size_t>(i)];
+          }
+          if (!is_v && cs.rope) {
+            const std::int64_t half = d / 2;
+            std::vector<double> y = x;
+            for (std::int64_t i = 0; i < half; ++i) {
+              const float inv_freq = 1.0f / std::pow(1000000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+              const double ang = static_cast<double>(pos * inv_freq);
+              const double co = std::cos(ang), si = std::sin(ang);
+              y[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i)] * co - x[static_cast<std::size_t>(i + half)] * si;
+              y[static_cast<std::size_t>(i + half)] = x[static_cast<std::size_t>(i + half)] * co + x[static_cast<std::size_t>(i)] * si;
+            }
+            x = y;
+          }
+          for (std::int64_t i = 0; i < d; ++i) want[static_cast<std::size_t>(r * width + h * d + i)] = x[static_cast<std::size_t>(i)];
+        }
+      }
+      auto got = c.qkv;
+      be.qk_transform_store(view(got, {t, width}), g, tr, be.upload_batch(c.batch), c.cache());
+      require_close(got, want, 2e-5, 2e-5);
+      // K and V of every row sit at its slot, exactly as left in qkv.
+      const std::int64_t kv_row = static_cast<std::int64_t>(g.n_kv_heads) * d;
+      for (std::int64_t r = 0; r < t; ++r) {
+        const std::int64_t slot = c.batch.slot_mapping[static_cast<std::size_t>(r)];
+        for (std::int64_t i = 0; i < kv_row; ++i) {
+          REQUIRE(c.k_cache[static_cast<std::size_t>(slot * kv_row + i)] ==
+                  got[static_cast<std::size_t>(r * width + g.n_q_heads * d + i)]);
+          REQUIRE(c.v_cache[static_cast<std::size_t>(slot * kv_row + i)] ==
+                  got[static_cast<std::size_t>(r * width + g.n_q_heads * d + kv_row + i)]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu prefill then decode through qk_transform_store and attention", "[cpu]") {
+  // The cache written by qk_transform_store is what attention reads: a 2-token decode after a
+  // prefill equals one prefill of the whole sequence.
+  std::mt19937 rng(8);
+  CpuBackend be(BackendOptions{2, 0});
+  const HeadGeometry g{4, 2, 16};
+  const std::int32_t bs = 4, blocks = 6, total = 11;
+  std::vector<float> kc(static_cast<std::size_t>(blocks * bs * 2 * 16)), vc(kc.size());
+  const Shape cs{blocks, bs, 2, 16};
+  KvLayer cache{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  QkTransform tr;
+  tr.rope = true;
+  auto qkv = random_floats(rng, static_cast<std::size_t>(total * g.qkv_width()));
+  auto run = [&](std::int32_t begin, std::int32_t end) {
+    ForwardBatch b;
+    for (std::int32_t p = begin; p < end; ++p) {
+      b.token_ids.push_back(0);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(std::array{5, 2, 0}[static_cast<std::size_t>(p / bs)] * bs + p % bs);
+    }
+    b.query_start = {0, end - begin};
+    b.context_lens = {end};
+    b.block_tables = {5, 2, 0};
+    b.max_blocks_per_seq = 3;
+    const auto n = end - begin;
+    std::vector<float> part(qkv.begin() + begin * g.qkv_width(), qkv.begin() + end * g.qkv_width());
+    const DeviceBatch db = be.upload_batch(b);
+    be.qk_transform_store(view(part, {n, g.qkv_width()}), g, tr, db, cache);
+    std::vector<float> out(static_cast<std::size_t>(n * 64));
+    be.attention(view(out, {n, 64}), view(part, {n, g.qkv_width()}), g, db, cache, 0.25f);
+    return out;
+  };
+  auto whole = run(0, total);
+  auto first = run(0, 9);
+  auto rest = run(9, total);
+  first.insert(first.end(), rest.begin(), rest.end());
+  REQUIRE(first.size() == whole.size());
+  for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(first[i] == Approx(whole[i]).margin(1e-6));
+}
+
+TEST_CASE("cpu upload_batch copies the batch and ForwardBatch::validate checks it", "[cpu]") {
+  CpuBackend be(BackendOptions{1, 0});
+  DeviceBatch db;
+  {
+    ForwardBatch b;
+    b.token_ids = {5, 6, 7};
+    b.positions = {0, 1, 4};
+    b.slot_mapping = {8, 9, 20};
+    b.query_start = {0, 2, 3};
+    b.context_lens = {2, 5};
+    b.block_tables = {2, 0, 3, 5};
+    b.logit_rows = {1, 2};
+    b.max_blocks_per_seq = 2;
+    REQUIRE_NOTHROW(b.validate(4));
+    db = be.upload_batch(b);
+    REQUIRE(db.num_tokens == 3);
+    REQUIRE(db.num_seqs == 2);
+    REQUIRE(db.num_logit_rows == 2);
+    REQUIRE(db.max_query_len == 2);
+    REQUIRE(db.max_context_len == 5);
+
+    auto bad = b;
+    bad.positions.pop_back();
+    REQUIRE_THROWS_AS(bad.validate(4), Error);
+    bad = b;
+    bad.context_lens[1] = 9;  // needs 3 blocks of 4
+    REQUIRE_THROWS_AS(bad.validate(4), Error);
+    bad = b;
+    bad.query_start = {0, 3, 2};
+    REQUIRE_THROWS_AS(bad.validate(4), Error);
+    bad = b;
+    bad.logit_rows = {2, 1};
+    REQUIRE_THROWS_AS(bad.validate(4), Error);
+    bad = b;
+    bad.slot_mapping[0] = -1;
+    REQUIRE_THROWS_AS(bad.validate(4), Error);
+  }
+  // The source is gone; the views still read the copies.
+  REQUIRE(db.token_ids.as<std::int32_t>()[2] == 7);
+  REQUIRE(db.positions.as<std::int32_t>()[2] == 4);
+  REQUIRE(db.slot_mapping.as<std::int32_t>()[1] == 9);
+  REQUIRE(db.query_start.as<std::int32_t>()[1] == 2);
+  REQUIRE(db.context_lens.as<std::int32_t>()[1] == 5);
+  REQUIRE(db.block_tables.as<std::int32_t>()[3] == 5);
+  REQUIRE(db.logit_rows.as<std::int32_t>()[0] == 1);
+  REQUIRE(db.block_tables.shape == Shape{4});
+}
+
+TEST_CASE("make_backend gives the CPU backend; CUDA is reported honestly", "[cpu]") {
+  auto be = make_backend(DeviceKind::cpu, BackendOptions{2, 0});
+  REQUIRE(be->device().kind == DeviceKind::cpu);
+  REQUIRE(be->activation_dtype(DType::bf16) == DType::f32);
+  if (!cuda_available()) {
+    REQUIRE_THROWS_AS(make_backend(DeviceKind::cuda), Error);
+  }
+  std::vector<float> w(4, 1.0f);
+  Tensor host(w.data(), DType::f32, Shape{4});
+  REQUIRE(be->import_weight(host).data == w.data());
+}
