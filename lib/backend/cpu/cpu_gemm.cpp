@@ -25,7 +25,7 @@ float* gemm_scratch() {
 }
 
 // bias + beta * out into out, the part of the epilogue sgemm cannot do.
-void apply_epilogue(ThreadPool& pool, const GemmProblem& p) {
+[[maybe_unused]] void apply_epilogue(ThreadPool& pool, const GemmProblem& p) {  // BLAS builds only
   pool.parallel_for(static_cast<std::size_t>(p.m), [&](std::size_t b, std::size_t e) {
     for (std::size_t m = b; m < e; ++m) {
       float* o = p.out + static_cast<std::int64_t>(m) * p.ldo;
