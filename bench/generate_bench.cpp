@@ -11,6 +11,7 @@
 // forward of B tokens + sampling). The best of R runs is kept (after one warm-up run).
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -100,7 +101,12 @@ int main(int argc, char** argv) try {
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
   mo.max_batch_tokens = std::max(512, std::min(max_batch * o.prompt_len, 8192));
+  // Load time: Model::load until every weight is resident (the CUDA backend copies asynchronously).
+  const auto load_start = std::chrono::steady_clock::now();
   auto model = Model::load(dir, *backend, mo);
+  backend->synchronize();
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const ModelConfig& c = model->config();
   XSERV_CHECK(o.prompt_len + o.gen_len <= c.max_position_embeddings, ErrorCode::invalid_argument,
               "prompt + gen = {} exceeds the context of {}", o.prompt_len + o.gen_len,
@@ -112,8 +118,8 @@ int main(int argc, char** argv) try {
               c.num_layers, c.hidden_size, c.vocab_size,
               std::string(dtype_name(model->weight_dtype())).c_str(), o.dummy ? ", dummy" : "",
               static_cast<double>(model->weight_bytes()) / 1e6);
-  std::printf("backend: %s; prompt %d tokens, %d generated per sequence, best of %d runs\n\n",
-              backend->name().c_str(), o.prompt_len, o.gen_len, o.repeat);
+  std::printf("backend: %s; load %.2f s; prompt %d tokens, %d generated per sequence, best of %d runs\n\n",
+              backend->name().c_str(), load_seconds, o.prompt_len, o.gen_len, o.repeat);
   std::printf("| batch | prefill tok/s | decode tok/s | decode ms/step |\n");
   std::printf("| ---: | ---: | ---: | ---: |\n");
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks and benchmarks on the GPU machine, in one command (device time is
+# scarce: everything that belongs together runs here, logs land in $OUT).
+#   scripts/cuda_device_run.sh check   build, [cuda] tests, compute-sanitizer, GPT-2 + Qwen3-0.6B
+#                                       parity and benchmarks next to transformers
+#   scripts/cuda_device_run.sh big     Qwen3-8B: parity, load time, prefill 512, decode b1/16/64
+#                                       next to transformers
+# Binaries built on the development machine (build/cuda-carry/bin, no OpenBLAS) are used when
+# they run here; otherwise everything is built here with Ninja.
+set -uo pipefail
+stage=${1:-check}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+root=$(pwd)
+source scripts/device-env.sh
+export PYTHONUNBUFFERED=1
+# The test binary has /work/main compiled in (fixture paths): make that path this checkout.
+if [ ! -e /work/main/tests/data ]; then mkdir -p /work && ln -sfn "$root" /work/main; fi
+
+bin=$root/build/cuda-carry/bin
+if ! "$bin/xserv_tests" --list-tests >/dev/null 2>&1; then
+  echo "== carried binaries do not run here: building"
+  t0=$(date +%s)
+  cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DXSERV_BUILD_BENCH=ON >"$OUT/build.txt" 2>&1 &&
+    cmake --build /tmp/b -j16 --target xserv_tests xserv_logits_dump generate_bench xserv-cli \
+      >>"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
+  echo "== built in $(( $(date +%s) - t0 )) s"
+  bin=/tmp/b/bin
+  mkdir -p /tmp/b/bin
+  cp /tmp/b/tests/xserv_tests /tmp/b/tests/cuda/xserv_logits_dump /tmp/b/bench/generate_bench /tmp/b/bin/ 2>/dev/null
+fi
+mkdir -p /tmp/b/tests/cuda && cp -f "$bin/xserv_logits_dump" /tmp/b/tests/cuda/ 2>/dev/null
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+tools=$root/.devdeps/tools
+
+bench() {  # model dir, extra args; prints generate_bench's table
+  "$bin/generate_bench" -m "$1" --device cuda "${@:2}" 2>&1
+}
+
+if [ "$stage" = check ]; then
+  echo "== [cuda] tests"
+  "$bin/xserv_tests" "[cuda]" --durations yes 2>&1 | tail -60 | tee "$OUT/tests.txt"
+  echo "== compute-sanitizer memcheck (ops, sampling, graphs)"
+  timeout 150 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$bin/xserv_tests" "cuda embedding*,cuda layer_norm*,cuda gelu*,cuda run_graph*,cuda sample matches*,cuda qk_transform_store*" \
+    2>&1 | tail -25 | tee "$OUT/sanitizer.txt"
+  echo "== random checkpoints"
+  python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b 2>&1 | grep make_models
+  echo "== parity"
+  python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_small.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b 2>&1 | grep -v Warning | tail -12
+  echo "== benchmarks"
+  {
+    bench /tmp/models/gpt2 --prompt-len 128 --gen-len 128 --batch 1,16
+    bench /tmp/models/gpt2 --prompt-len 512 --gen-len 2 --batch 1
+    XSERV_CUDA_GEMV=0 bench /tmp/models/qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1
+    bench /tmp/models/qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1,16,64
+    bench /tmp/models/qwen3-0.6b --prompt-len 512 --gen-len 2 --batch 1
+    bench /tmp/models/qwen3-0.6b --prompt-len 4096 --gen-len 128 --batch 1 --repeat 1
+  } | tee "$OUT/bench_small.txt"
+  echo "== transformers"
+  python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
+else
+  echo "== Qwen3-8B checkpoint"
+  python3 "$tools/make_random_model.py" /tmp/models qwen3-8b 2>&1 | grep make_models
+  cat /tmp/models/qwen3-8b/*.safetensors >/dev/null  # page cache, as the goal says
+  echo "== benchmarks"
+  {
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
+    bench /tmp/models/qwen3-8b --prompt-len 512 --gen-len 2 --batch 1
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 16,64 --repeat 1
+  } | tee "$OUT/bench_8b.txt"
+  echo "== parity"
+  python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_8b.json" /tmp/models/qwen3-8b 2>&1 | grep -v Warning | tail -6
+  echo "== transformers"
+  python3 "$tools/hf_baseline.py" /tmp/models/qwen3-8b bfloat16 "$OUT/hf_8b.json" 1 2>&1 | grep -v Warn | tail -2
+fi
+echo "== done"

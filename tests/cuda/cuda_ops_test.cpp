@@ -1,0 +1,415 @@
+// Every CUDA op against the CPU backend on random inputs of several shapes, f32 and bf16
+// activations. Tolerances: f32 ~1e-5 relative (GEMMs over long K a little more, as the sums
+// run in a different order), bf16 ~1e-2 (one bf16 rounding of the result, 2^-8 relative,
+// plus the rounding of intermediates the GPU keeps in bf16).
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "cuda_test_util.hpp"
+
+using namespace xserv;
+using namespace xserv::test;
+
+namespace {
+constexpr DType kActs[] = {DType::f32, DType::bf16};
+double tol(DType dt, double f32_tol = 1e-5) { return dt == DType::f32 ? f32_tol : 1.5e-2; }
+}  // namespace
+
+TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(1);
+  for (DType dt : kActs) {
+    for (std::int64_t d : {64, 768, 1000}) {
+      for (bool pos : {false, true}) {
+        INFO(dtype_name(dt) << " d=" << d << " pos=" << pos);
+        const std::int64_t vocab = 300, npos = 64, t = 37;
+        auto table = randn(rng, static_cast<std::size_t>(vocab * d));
+        auto ptab = randn(rng, static_cast<std::size_t>(npos * d));
+        round_through(table, dt);
+        round_through(ptab, dt);
+        std::vector<std::int32_t> ids(t), positions(t);
+        for (auto& i : ids) i = static_cast<std::int32_t>(rng() % vocab);
+        for (auto& p : positions) p = static_cast<std::int32_t>(rng() % npos);
+        std::vector<float> want(static_cast<std::size_t>(t * d));
+        be.cpu.embedding(host_view(want, {t, d}), host_view(ids, {t}), host_view(table, {vocab, d}),
+                         pos ? host_view(ptab, {npos, d}) : Tensor(), host_view(positions, {t}));
+        Tensor out = be.gpu_poisoned(dt, {t, d});
+        be.gpu->embedding(out, be.gpu_ints(ids, {t}), be.gpu_tensor(table, dt, {vocab, d}),
+                          pos ? be.gpu_tensor(ptab, dt, {npos, d}) : Tensor(),
+                          be.gpu_ints(positions, {t}));
+        require_close(be.read(out), want, tol(dt) * 0.1, tol(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda layer_norm and rms_norm with and without the fused residual", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(2);
+  for (DType dt : kActs) {
+    for (std::int64_t d : {64, 768, 1000, 4096}) {
+      for (std::int64_t rows : {1, 3, 17}) {
+        for (bool rms : {false, true}) {
+          for (bool residual : {false, true}) {
+            INFO(dtype_name(dt) << " d=" << d << " rows=" << rows << " rms=" << rms << " residual=" << residual);
+            auto x = randn(rng, static_cast<std::size_t>(rows * d));
+            auto res = randn(rng, x.size(), 2.0f);
+            auto w = randn(rng, static_cast<std::size_t>(d));
+            auto b = randn(rng, static_cast<std::size_t>(d), 0.1f);
+            for (auto* v : {&x, &res, &w, &b}) round_through(*v, dt);
+            Tensor gx = be.gpu_tensor(x, dt, {rows, d}), gres = be.gpu_tensor(res, dt, {rows, d});
+            Tensor gw = be.gpu_tensor(w, dt, {d}), gb = be.gpu_tensor(b, dt, {d});
+            Tensor gout = be.gpu_poisoned(dt, {rows, d});
+            std::vector<float> want(x.size());
+            auto cres = res;
+            if (rms) {
+              be.cpu.rms_norm(host_view(want, {rows, d}), host_view(x, {rows, d}),
+                              residual ? host_view(cres, {rows, d}) : Tensor(), host_view(w, {d}), 1e-6f);
+              be.gpu->rms_norm(gout, gx, residual ? gres : Tensor(), gw, 1e-6f);
+            } else {
+              be.cpu.layer_norm(host_view(want, {rows, d}), host_view(x, {rows, d}),
+                                residual ? host_view(cres, {rows, d}) : Tensor(), host_view(w, {d}),
+                                host_view(b, {d}), 1e-5f);
+              be.gpu->layer_norm(gout, gx, residual ? gres : Tensor(), gw, gb, 1e-5f);
+            }
+            // bf16: the residual sum is rounded before it is normalised, the CPU keeps f32.
+            require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 4e-2, tol(dt, 2e-5));
+            if (residual) require_close(be.read(gres), cres, tol(dt) * 0.5, tol(dt));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(3);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 64, 64}, {1, 1024, 3072}, {7, 320, 200}, {64, 768, 2304}, {130, 512, 96}};
+  for (DType dt : kActs) {
+    for (const auto& c : cases) {
+      for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool bias = variant & 1, accumulate = variant & 2;
+          const bool strided = c.m % 2 == 1 && !accumulate;
+          const bool f32_out = dt == DType::bf16 && variant == 0;  // lm_head: bf16 in, f32 logits
+          const DType out_dt = f32_out ? DType::f32 : dt;
+          INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " out_in="
+                              << (layout == WeightLayout::out_in) << " bias=" << bias
+                              << " beta=" << accumulate << " strided=" << strided << " f32_out=" << f32_out);
+          auto a = randn(rng, static_cast<std::size_t>(c.m * c.k));
+          auto w = randn(rng, static_cast<std::size_t>(c.k * c.n), 0.05f);
+          auto bvec = randn(rng, static_cast<std::size_t>(c.n));
+          for (auto* v : {&a, &w, &bvec}) round_through(*v, dt);
+          const std::int64_t ldo = strided ? c.n + 24 : c.n;
+          auto out0 = randn(rng, static_cast<std::size_t>(c.m * ldo));
+          round_through(out0, out_dt);
+          const Shape ws = layout == WeightLayout::in_out ? Shape{c.k, c.n} : Shape{c.n, c.k};
+          auto want = out0;
+          be.cpu.gemm(Tensor(want.data(), DType::f32, {c.m, c.n}), host_view(a, {c.m, c.k}),
+                      host_view(w, ws), layout, bias ? host_view(bvec, {c.n}) : Tensor(),
+                      accumulate ? 1.0f : 0.0f, ldo);
+          Tensor gout = accumulate ? be.gpu_tensor(out0, out_dt, {c.m, ldo}) : be.gpu_poisoned(out_dt, {c.m, ldo});
+          Tensor gout_view(gout.data, out_dt, {c.m, c.n}, gout.device);
+          be.gpu->gemm(gout_view, be.gpu_tensor(a, dt, {c.m, c.k}), be.gpu_tensor(w, dt, ws), layout,
+                       bias ? be.gpu_tensor(bvec, dt, {c.n}) : Tensor(), accumulate ? 1.0f : 0.0f, ldo);
+          auto got = be.read(gout);
+          std::vector<float> g2, w2;
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = 0; j < c.n; ++j) {
+              g2.push_back(got[static_cast<std::size_t>(i * ldo + j)]);
+              w2.push_back(want[static_cast<std::size_t>(i * ldo + j)]);
+            }
+          // Magnitudes: sum of k terms of std ~0.05: absolute tolerance scales with sqrt(k).
+          const double scale = 0.05 * std::sqrt(static_cast<double>(c.k));
+          require_close(g2, w2, (out_dt == DType::f32 ? (dt == DType::f32 ? 2e-5 : 1e-4) : 1e-2) * scale + 1e-6,
+                        out_dt == DType::f32 ? 1e-4 : 1.5e-2);
+          if (strided && !accumulate) {
+            // Columns past N must be untouched (still NaN).
+            REQUIRE(std::isnan(got[static_cast<std::size_t>(c.n)]));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda gelu, swiglu and gather_rows", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(4);
+  for (DType dt : kActs) {
+    for (std::int64_t rows : {1, 9, 64}) {
+      for (std::int64_t inner : {64, 3072, 1000}) {
+        INFO(dtype_name(dt) << " rows=" << rows << " inner=" << inner);
+        auto x = randn(rng, static_cast<std::size_t>(rows * inner), 2.0f);
+        round_through(x, dt);
+        auto want = x;
+        be.cpu.gelu(host_view(want, {rows, inner}));
+        Tensor gx = be.gpu_tensor(x, dt, {rows, inner});
+        be.gpu->gelu(gx);
+        require_close(be.read(gx), want, tol(dt) * 0.1, tol(dt));
+
+        auto gu = randn(rng, static_cast<std::size_t>(rows * 2 * inner), 2.0f);
+        round_through(gu, dt);
+        std::vector<float> sw(static_cast<std::size_t>(rows * inner));
+        be.cpu.swiglu(host_view(sw, {rows, inner}), host_view(gu, {rows, 2 * inner}));
+        Tensor gsw = be.gpu_poisoned(dt, {rows, inner});
+        be.gpu->swiglu(gsw, be.gpu_tensor(gu, dt, {rows, 2 * inner}));
+        require_close(be.read(gsw), sw, tol(dt) * 0.5, tol(dt) * 1.5);
+
+        std::vector<std::int32_t> sel;
+        for (std::int64_t r = 0; r < rows; r += 2) sel.push_back(static_cast<std::int32_t>(r));
+        const auto nsel = static_cast<std::int64_t>(sel.size());
+        std::vector<float> gathered(static_cast<std::size_t>(nsel * inner));
+        be.cpu.gather_rows(host_view(gathered, {nsel, inner}), host_view(x, {rows, inner}), host_view(sel, {nsel}));
+        Tensor gg = be.gpu_poisoned(dt, {nsel, inner});
+        be.gpu->gather_rows(gg, be.gpu_tensor(x, dt, {rows, inner}), be.gpu_ints(sel, {nsel}));
+        require_close(be.read(gg), gathered, 0.0, 0.0);
+      }
+    }
+  }
+}
+
+namespace {
+
+// A paged batch: sequences (query_len, context_len), blocks handed out in a shuffled order.
+struct Paged {
+  ForwardBatch batch;
+  std::int32_t num_blocks = 0;
+};
+
+Paged make_batch(std::mt19937& rng, std::int32_t block_size,
+                 const std::vector<std::pair<std::int32_t, std::int32_t>>& seqs) {
+  Paged p;
+  std::int32_t max_blocks = 0, total_blocks = 0;
+  for (auto [q, c] : seqs) {
+    const std::int32_t nb = (c + block_size - 1) / block_size;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  p.num_blocks = total_blocks + 3;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(p.num_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  auto& b = p.batch;
+  b.max_blocks_per_seq = max_blocks;
+  b.query_start.push_back(0);
+  std::size_t next = 0;
+  for (auto [q, c] : seqs) {
+    const std::int32_t nb = (c + block_size - 1) / block_size;
+    std::vector<std::int32_t> table(static_cast<std::size_t>(max_blocks), 0);
+    for (std::int32_t i = 0; i < nb; ++i) table[static_cast<std::size_t>(i)] = order[next++];
+    for (std::int32_t j = 0; j < q; ++j) {
+      const std::int32_t pos = c - q + j;
+      b.token_ids.push_back(0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(table[static_cast<std::size_t>(pos / block_size)] * block_size + pos % block_size);
+    }
+    b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
+    b.context_lens.push_back(c);
+    b.query_start.push_back(b.query_start.back() + q);
+  }
+  for (std::int32_t r = 0; r < b.num_tokens(); ++r) b.logit_rows.push_back(r);
+  b.validate(block_size);
+  return p;
+}
+
+struct AttnCase {
+  HeadGeometry geom;
+  bool norm, rope;
+  std::vector<std::pair<std::int32_t, std::int32_t>> seqs;
+};
+
+void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase& ac, std::int32_t bs) {
+  const HeadGeometry& g = ac.geom;
+  const std::int64_t d = g.head_dim, width = g.qkv_width();
+  Paged p = make_batch(rng, bs, ac.seqs);
+  const std::int64_t t = p.batch.num_tokens();
+  const Shape cshape{p.num_blocks, bs, g.n_kv_heads, d};
+  // The cache starts random (the cached prefix of chunked prefills and decodes).
+  auto kc = randn(rng, static_cast<std::size_t>(cshape.numel()));
+  auto vc = randn(rng, kc.size());
+  auto qkv = randn(rng, static_cast<std::size_t>(t * width));
+  auto qn = randn(rng, static_cast<std::size_t>(d), 0.3f), kn = randn(rng, static_cast<std::size_t>(d), 0.3f);
+  for (auto& v : qn) v += 1.0f;
+  for (auto& v : kn) v += 1.0f;
+  for (auto* v : {&kc, &vc, &qkv, &qn, &kn}) round_through(*v, dt);
+  QkTransform ctr, gtr;
+  ctr.rope = gtr.rope = ac.rope;
+  ctr.rope_theta = gtr.rope_theta = 1000000.0f;
+  ctr.norm_eps = gtr.norm_eps = 1e-6f;
+  if (ac.norm) {
+    ctr.q_norm = host_view(qn, {d});
+    ctr.k_norm = host_view(kn, {d});
+    gtr.q_norm = be.gpu_tensor(qn, dt, {d});
+    gtr.k_norm = be.gpu_tensor(kn, dt, {d});
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  auto ck = kc, cv = vc, cqkv = qkv;
+  KvLayer ccache{host_view(ck, cshape), host_view(cv, cshape)};
+  const DeviceBatch cb = be.cpu.upload_batch(p.batch);
+  be.cpu.qk_transform_store(host_view(cqkv, {t, width}), g, ctr, cb, ccache);
+  std::vector<float> cout(static_cast<std::size_t>(t * g.n_q_heads * d));
+  be.cpu.attention(host_view(cout, {t, g.n_q_heads * d}), host_view(cqkv, {t, width}), g, cb, ccache, scale);
+
+  KvLayer gcache{be.gpu_tensor(kc, dt, cshape), be.gpu_tensor(vc, dt, cshape)};
+  Tensor gqkv = be.gpu_tensor(qkv, dt, {t, width});
+  const DeviceBatch gb = be.gpu->upload_batch(p.batch);
+  be.gpu->qk_transform_store(gqkv, g, gtr, gb, gcache);
+  Tensor gout = be.gpu_poisoned(dt, {t, g.n_q_heads * d});
+  be.gpu->attention(gout, gqkv, g, gb, gcache, scale);
+
+  // q after the transform (k and v are checked in the cache).
+  auto got_qkv = be.read(gqkv);
+  std::vector<float> gq, cq;
+  for (std::int64_t r = 0; r < t; ++r)
+    for (std::int64_t i = 0; i < g.n_q_heads * d; ++i) {
+      gq.push_back(got_qkv[static_cast<std::size_t>(r * width + i)]);
+      cq.push_back(cqkv[static_cast<std::size_t>(r * width + i)]);
+    }
+  {
+    INFO("q after qk_transform_store");
+    require_close(gq, cq, dt == DType::f32 ? 2e-5 : 3e-2, tol(dt, 2e-5));
+  }
+  {
+    INFO("k cache");
+    require_close(be.read(gcache.k), ck, dt == DType::f32 ? 2e-5 : 3e-2, tol(dt, 2e-5));
+  }
+  {
+    INFO("v cache");
+    require_close(be.read(gcache.v), cv, 0.0, 0.0);
+  }
+  {
+    INFO("attention output");
+    require_close(be.read(gout), cout, dt == DType::f32 ? 1e-5 : 2e-2, tol(dt, 1e-4));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill, decode", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(5);
+  const std::vector<std::pair<std::int32_t, std::int32_t>> mixed = {
+      {5, 5}, {70, 100}, {1, 37}, {1, 300}, {130, 130}, {64, 64}, {0, 9}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> decode = {
+      {1, 1}, {1, 17}, {1, 640}, {1, 2000}, {1, 63}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> long_decode = {{1, 5000}};
+  const AttnCase cases[] = {
+      {{8, 2, 128}, true, true, mixed},    {{8, 2, 128}, true, true, decode},
+      {{16, 8, 128}, true, true, mixed},   {{4, 4, 64}, false, false, mixed},
+      {{4, 4, 64}, false, false, decode},  {{8, 1, 64}, true, true, decode},
+      {{8, 1, 64}, false, true, mixed},    {{32, 8, 128}, true, true, long_decode},
+      {{12, 12, 64}, false, false, long_decode}};
+  for (DType dt : kActs) {
+    for (const auto& ac : cases) {
+      for (std::int32_t bs : {16, 32}) {
+        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
+                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
+                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
+        run_attention_case(be, rng, dt, ac, bs);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda import_weight: chunked staging, f16 becomes bf16", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(6);
+  // 20M f32 = 80 MB: more than one 64 MB staging buffer.
+  auto big = randn(rng, 20'000'000);
+  Tensor w = be.gpu->import_weight(Tensor(big.data(), DType::f32, {4000, 5000}));
+  REQUIRE(w.dtype == DType::f32);
+  REQUIRE(w.device.kind == DeviceKind::cuda);
+  REQUIRE(be.read(w) == big);
+  auto small = randn(rng, 3000);
+  std::vector<std::uint16_t> h(small.size());
+  convert_from_f32(small.data(), h.data(), DType::f16, small.size());
+  Tensor w16 = be.gpu->import_weight(Tensor(h.data(), DType::f16, {3000}));
+  REQUIRE(w16.dtype == DType::bf16);
+  std::vector<float> from16(small.size());
+  convert_to_f32(h.data(), DType::f16, from16.data(), from16.size());
+  round_through(from16, DType::bf16);
+  REQUIRE(be.read(w16) == from16);
+  convert_from_f32(small.data(), h.data(), DType::bf16, small.size());
+  Tensor wb = be.gpu->import_weight(Tensor(h.data(), DType::bf16, {3, 1000}));
+  REQUIRE(wb.dtype == DType::bf16);
+  auto rb = small;
+  round_through(rb, DType::bf16);
+  REQUIRE(be.read(wb) == rb);
+}
+
+TEST_CASE("cuda errors: bad shapes are invalid_argument, huge allocations out_of_memory", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  Tensor a = be.gpu_poisoned(DType::f32, {4, 8}), w = be.gpu_poisoned(DType::f32, {9, 3});
+  Tensor out = be.gpu_poisoned(DType::f32, {4, 3});
+  try {
+    be.gpu->gemm(out, a, w, WeightLayout::in_out, Tensor(), 0.0f, 0);
+    FAIL("gemm accepted mismatched shapes");
+  } catch (const Error& e) {
+    REQUIRE(e.code() == ErrorCode::invalid_argument);
+  }
+  try {
+    Buffer huge(be.gpu->allocator(), std::size_t{1} << 50);
+    FAIL("a petabyte was allocated");
+  } catch (const Error& e) {
+    REQUIRE(e.code() == ErrorCode::out_of_memory);
+  }
+  REQUIRE(xserv::cuda::device_available());
+  REQUIRE(make_backend(DeviceKind::cuda)->device().kind == DeviceKind::cuda);
+  REQUIRE(cuda_available());
+}
+
+TEST_CASE("cuda run_graph records once and replays with new batch contents", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(7);
+  const std::int64_t vocab = 100, d = 256, t = 4;
+  auto table = randn(rng, static_cast<std::size_t>(vocab * d));
+  auto w = randn(rng, static_cast<std::size_t>(d * d), 0.05f);
+  auto nw = randn(rng, static_cast<std::size_t>(d));
+  Tensor gtable = be.gpu_tensor(table, DType::f32, {vocab, d});
+  Tensor gw = be.gpu_tensor(w, DType::f32, {d, d}), gnw = be.gpu_tensor(nw, DType::f32, {d});
+  Tensor x = be.gpu_poisoned(DType::f32, {t, d}), h = be.gpu_poisoned(DType::f32, {t, d});
+  Tensor y = be.gpu_poisoned(DType::f32, {t, d});
+  for (int step = 0; step < 6; ++step) {
+    ForwardBatch b;
+    for (std::int32_t i = 0; i < t; ++i) {
+      b.token_ids.push_back(static_cast<std::int32_t>(rng() % vocab));
+      b.positions.push_back(step);
+      b.slot_mapping.push_back(i * 8 + step);
+      b.query_start.push_back(i);
+      b.context_lens.push_back(step + 1);
+      b.block_tables.push_back(i);
+      b.logit_rows.push_back(i);
+    }
+    b.query_start.push_back(t);
+    b.max_blocks_per_seq = 1;
+    const DeviceBatch db = be.gpu->upload_batch(b);
+    be.gpu->run_graph(42, [&] {
+      be.gpu->embedding(x, db.token_ids, gtable, Tensor(), Tensor());
+      be.gpu->rms_norm(h, x, Tensor(), gnw, 1e-6f);
+      be.gpu->gemm(y, h, gw, WeightLayout::in_out, Tensor(), 0.0f, 0);
+    });
+    auto got = be.read(y);
+    std::vector<float> cx(static_cast<std::size_t>(t * d)), ch(cx.size()), cy(cx.size());
+    auto ids = b.token_ids;
+    be.cpu.embedding(host_view(cx, {t, d}), host_view(ids, {t}), host_view(table, {vocab, d}), Tensor(), Tensor());
+    be.cpu.rms_norm(host_view(ch, {t, d}), host_view(cx, {t, d}), Tensor(), host_view(nw, {d}), 1e-6f);
+    be.cpu.gemm(host_view(cy, {t, d}), host_view(ch, {t, d}), host_view(w, {d, d}), WeightLayout::in_out, Tensor());
+    INFO("step " << step);
+    require_close(got, cy, 1e-5, 1e-4);
+  }
+}

@@ -1,0 +1,120 @@
+// GPU sampling against the CPU backend's: the same ids for greedy, temperature, top-k, top-p,
+// min-p and penalties, since both draw u = sampling_uniform(seed, step) and walk the tokens in
+// (probability desc, id asc) order. Logits are random normals (no exact ties among the kept
+// tokens), so any difference is a bug, not rounding.
+#include "cuda_test_util.hpp"
+
+using namespace xserv;
+using namespace xserv::test;
+
+namespace {
+
+SamplingRow row_of(float t, std::int32_t k, float p, float mp, std::uint64_t seed) {
+  SamplingRow r;
+  r.temperature = t;
+  r.top_k = k;
+  r.top_p = p;
+  r.min_p = mp;
+  r.seed = seed;
+  r.step = seed * 7 + 3;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda sample matches the CPU backend", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(11);
+  for (std::int64_t vocab : {1000, 151936}) {
+    SamplingBatch sb;
+    for (std::uint64_t s = 0; s < 6; ++s) {
+      sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, s));      // greedy
+      sb.rows.push_back(row_of(0.7f, 0, 1.0f, 0.0f, s));      // temperature only
+      sb.rows.push_back(row_of(1.0f, 50, 1.0f, 0.0f, s));     // top-k
+      sb.rows.push_back(row_of(1.0f, 0, 0.9f, 0.0f, s));      // top-p
+      sb.rows.push_back(row_of(1.3f, 0, 1.0f, 0.05f, s));     // min-p
+      sb.rows.push_back(row_of(0.8f, 40, 0.8f, 0.02f, s));    // all filters
+      sb.rows.push_back(row_of(1.0f, 1, 1.0f, 0.0f, s));      // top-k 1 = greedy
+    }
+    const auto rows = static_cast<std::int64_t>(sb.rows.size());
+    INFO("vocab " << vocab << " rows " << rows);
+    auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+    auto cl = logits;
+    std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+    be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+    be.gpu->sample(be.gpu_tensor(logits, DType::f32, {rows, vocab}), sb, got.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      INFO("row " << r << " temperature " << sb.rows[static_cast<std::size_t>(r)].temperature
+                  << " top_k " << sb.rows[static_cast<std::size_t>(r)].top_k << " top_p "
+                  << sb.rows[static_cast<std::size_t>(r)].top_p << " min_p "
+                  << sb.rows[static_cast<std::size_t>(r)].min_p);
+      REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
+    }
+  }
+}
+
+TEST_CASE("cuda sample applies repetition, presence and frequency penalties like the CPU", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(12);
+  const std::int64_t vocab = 5000;
+  SamplingBatch sb;
+  sb.prompt_start.push_back(0);
+  sb.output_start.push_back(0);
+  for (int r = 0; r < 12; ++r) {
+    SamplingRow row = row_of(r % 3 == 0 ? 0.0f : 0.9f, r % 2 ? 20 : 0, 0.95f, 0.0f, static_cast<std::uint64_t>(r));
+    row.repetition_penalty = r % 4 == 1 ? 1.0f : 1.3f;
+    row.presence_penalty = r % 4 == 2 ? 0.0f : 0.8f;
+    row.frequency_penalty = r % 4 == 3 ? 0.0f : 0.5f;
+    sb.rows.push_back(row);
+    // Histories pick among the likeliest tokens so the penalties change the outcome.
+    for (int i = 0; i < 30; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>(rng() % 40));
+    for (int i = 0; i < 25; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>(rng() % 40));
+    sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
+    sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
+  }
+  const auto rows = static_cast<std::int64_t>(sb.rows.size());
+  auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 1.0f);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < 40; ++i) logits[static_cast<std::size_t>(r * vocab + i)] += 4.0f;
+  auto cl = logits;
+  std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+  be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+  be.gpu->sample(be.gpu_tensor(logits, DType::f32, {rows, vocab}), sb, got.data());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    INFO("row " << r);
+    REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
+  }
+  // A history token outside the vocabulary is an error, not a wild write.
+  sb.output_tokens[0] = static_cast<std::int32_t>(vocab);
+  REQUIRE_THROWS_AS(be.gpu->sample(be.gpu_tensor(logits, DType::f32, {rows, vocab}), sb, got.data()), Error);
+}
+
+TEST_CASE("cuda sample: a seed gives the same stream, and draws follow the distribution", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  // Four tokens with probabilities 0.1, 0.2, 0.3, 0.4: 4000 draws land within 3% of them.
+  const std::vector<float> probs = {0.1f, 0.2f, 0.3f, 0.4f};
+  const std::int64_t n = 4000;
+  std::vector<float> logits;
+  SamplingBatch sb;
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (float p : probs) logits.push_back(std::log(p));
+    SamplingRow r;
+    r.seed = 99;
+    r.step = static_cast<std::uint64_t>(i);
+    sb.rows.push_back(r);
+  }
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), again(ids.size());
+  be.gpu->sample(be.gpu_tensor(logits, DType::f32, {n, 4}), sb, ids.data());
+  be.gpu->sample(be.gpu_tensor(logits, DType::f32, {n, 4}), sb, again.data());
+  REQUIRE(ids == again);
+  std::vector<int> hist(4, 0);
+  for (auto id : ids) {
+    REQUIRE(id >= 0);
+    REQUIRE(id < 4);
+    ++hist[static_cast<std::size_t>(id)];
+  }
+  for (std::size_t i = 0; i < 4; ++i) REQUIRE(std::abs(hist[i] / static_cast<double>(n) - probs[i]) < 0.03);
+}
