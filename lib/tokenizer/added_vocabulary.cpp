@@ -35,14 +35,15 @@ bool is_white_space(char32_t c) {
          c == 0x205F || c == 0x3000;
 }
 
-// HF's single_word test: a word character is alphanumeric or '_'.
+// HF's single_word test uses Rust regex \w: Alphabetic, marks, decimal digits, connector
+// punctuation and the join controls (letters stand in for Alphabetic, which adds a few symbols).
 bool is_word_char(char32_t c) {
-  if (c == '_') return true;
-  auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
-  switch (cat) {
+  if (c == 0x200C || c == 0x200D) return true;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
