@@ -16,10 +16,12 @@ namespace {
 
 constexpr DType kWeightTypes[] = {DType::f32, DType::bf16, DType::f16};
 
+// Every kernel table on xserv's own GEMM, plus the default backend (OpenBLAS when built in).
 std::vector<std::unique_ptr<CpuBackend>> every_backend(std::size_t threads = 3) {
   std::vector<std::unique_ptr<CpuBackend>> v;
   for (const auto* k : cpu::supported_kernels())
-    v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}, k));
+    v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}, k, false));
+  v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}));
   return v;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string_view>
 
 #include "backend/cpu/tensor_checks.hpp"
 
@@ -16,22 +17,27 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace xserv::cpu {
 
-CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels)
-    : pool_(options.threads), kernels_(kernels ? kernels : &cpu::kernels()) {
+CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels, bool use_blas)
+    : pool_(options.threads),
+      kernels_(kernels ? kernels : &cpu::kernels()),
+      // Measured (bench/cpu_ops_bench, f32 GPT-2 shapes, M = 128/512): the AVX-512 kernel runs
+      // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
+      // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
+      use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512") {
 #ifdef XSERV_HAVE_BLAS
   // OpenBLAS keeps a process-wide pool; match it to ours so the two never oversubscribe.
-  openblas_set_num_threads(static_cast<int>(pool_.size()));
+  if (use_blas_) openblas_set_num_threads(static_cast<int>(pool_.size()));
 #endif
 }
 
 std::string CpuBackend::name() const {
-  return fmt::format("cpu ({} threads, {} kernels{})", pool_.size(), kernels_->isa,
 #ifdef XSERV_HAVE_BLAS
-                     ", OpenBLAS"
+  const bool blas = use_blas_;
 #else
-                     ""
+  const bool blas = false && use_blas_;
 #endif
-  );
+  return fmt::format("cpu ({} threads, {} kernels{})", pool_.size(), kernels_->isa,
+                     blas ? ", OpenBLAS sgemm" : "");
 }
 
 Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }

@@ -20,7 +20,10 @@ namespace xserv::cpu {
 class CpuBackend final : public Backend {
  public:
   // `kernels` overrides the instruction-set choice (tests run every table); null = the best.
-  explicit CpuBackend(const BackendOptions& options = {}, const KernelTable* kernels = nullptr);
+  // use_blas = false keeps f32 GEMMs on xserv's own kernel even where OpenBLAS is built in
+  // (with the AVX-512 kernels xserv's own GEMM is used anyway: it is faster).
+  explicit CpuBackend(const BackendOptions& options = {}, const KernelTable* kernels = nullptr,
+                      bool use_blas = true);
 
   Device device() const noexcept override { return Device{DeviceKind::cpu, 0}; }
   std::string name() const override;
@@ -60,6 +63,7 @@ class CpuBackend final : public Backend {
 
   ThreadPool pool_;
   const KernelTable* kernels_;
+  bool use_blas_;
   // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
   std::vector<std::int32_t> batch_storage_;
 };

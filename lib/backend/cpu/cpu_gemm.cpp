@@ -82,7 +82,7 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   p.ldo = ldo;
 
 #ifdef XSERV_HAVE_BLAS
-  if (w.dtype == DType::f32 && m > gemv_max_rows && k > 0) {
+  if (use_blas_ && w.dtype == DType::f32 && m > gemv_max_rows && k > 0) {
     const bool plain = !p.bias && beta == 0.0f;
     if (!plain) apply_epilogue(pool_, p);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans,

@@ -1,0 +1,133 @@
+// CPU backend GEMV/GEMM speed on GPT-2-124M shapes (d = 768), f32 and bf16 weights.
+//
+// Decode rows (M = 1, 4) are memory bound: read the GB/s counter against the machine's DRAM
+// bandwidth. Prefill rows (M = 128, 512) are compute bound: read GFLOP/s. "own" runs xserv's
+// kernels even for f32 (where the default is OpenBLAS when built in); XSERV_CPU_ISA picks the
+// kernel table, XSERV_BENCH_THREADS the thread count (default: all cores).
+//   build/<dir>/bench/cpu_ops_bench --benchmark_filter=gemm
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.hpp"
+
+namespace {
+
+using namespace xserv;
+
+std::size_t bench_threads() {
+  const char* t = std::getenv("XSERV_BENCH_THREADS");
+  return t ? static_cast<std::size_t>(std::atoi(t)) : 0;
+}
+
+cpu::CpuBackend& backend(bool use_blas) {
+  static cpu::CpuBackend with_blas(BackendOptions{bench_threads(), 0}, nullptr, true);
+  static cpu::CpuBackend own(BackendOptions{bench_threads(), 0}, nullptr, false);
+  return use_blas ? with_blas : own;
+}
+
+struct Shape3 {
+  const char* name;
+  std::int64_t k, n;
+  WeightLayout layout;
+};
+// GPT-2 124M: attention qkv, attention out, MLP up, MLP down (Conv1D, in_out) and the tied
+// lm_head (wte [vocab, d], out_in).
+constexpr Shape3 kShapes[] = {{"qkv", 768, 2304, WeightLayout::in_out},
+                              {"attn_out", 768, 768, WeightLayout::in_out},
+                              {"mlp_up", 768, 3072, WeightLayout::in_out},
+                              {"mlp_down", 3072, 768, WeightLayout::in_out},
+                              {"lm_head", 768, 50257, WeightLayout::out_in}};
+
+// args: shape index, M, dtype (0 f32, 1 bf16), use BLAS (f32 only)
+void BM_gemm(benchmark::State& state) {
+  const Shape3& s = kShapes[state.range(0)];
+  const std::int64_t m = state.range(1);
+  const DType wt = state.range(2) ? DType::bf16 : DType::f32;
+  const bool blas = state.range(3) != 0;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<std::size_t>(m * s.k)), out(static_cast<std::size_t>(m * s.n));
+  std::vector<float> wf(static_cast<std::size_t>(s.k * s.n));
+  for (auto& x : a) x = dist(rng);
+  for (auto& x : wf) x = dist(rng);
+  std::vector<std::uint16_t> wh;
+  void* wp = wf.data();
+  if (wt == DType::bf16) {
+    wh.resize(wf.size());
+    convert_from_f32(wf.data(), wh.data(), wt, wf.size());
+    wp = wh.data();
+  }
+  const Shape ws = s.layout == WeightLayout::out_in ? Shape{s.n, s.k} : Shape{s.k, s.n};
+  auto& be = backend(blas);
+  for (auto _ : state) {
+    be.gemm(Tensor(out.data(), DType::f32, {m, s.n}), Tensor(a.data(), DType::f32, {m, s.k}),
+            Tensor(wp, wt, ws), s.layout, Tensor{});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(s.name) + (wt == DType::bf16 ? " bf16" : " f32") +
+                 (blas && wt == DType::f32 && m > cpu::gemv_max_rows &&
+                          be.name().find("OpenBLAS") != std::string::npos
+                      ? " OpenBLAS"
+                      : " own") +
+                 " [" + be.kernel_table().isa + "]");
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(s.k * s.n);
+  const double wbytes = static_cast<double>(s.k * s.n) * static_cast<double>(dtype_size(wt));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(wbytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void gemm_args(benchmark::internal::Benchmark* b) {
+  for (int shape = 0; shape < 5; ++shape)
+    for (int m : {1, 4, 128, 512}) {
+      if (shape == 4 && m > 128) continue;  // lm_head runs on logit rows only
+      b->Args({shape, m, 0, 1});
+      if (m > cpu::gemv_max_rows) b->Args({shape, m, 0, 0});
+      b->Args({shape, m, 1, 0});
+    }
+}
+BENCHMARK(BM_gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Decode attention: one row per sequence over a context of `ctx` tokens, GPT-2 heads (12 x 64).
+void BM_attention_decode(benchmark::State& state) {
+  const std::int32_t seqs = static_cast<std::int32_t>(state.range(0));
+  const std::int32_t ctx = static_cast<std::int32_t>(state.range(1));
+  const HeadGeometry heads{12, 12, 64};
+  const std::int32_t bs = 16, per_seq = (ctx + bs - 1) / bs, blocks = seqs * per_seq;
+  std::vector<float> kc(static_cast<std::size_t>(blocks) * bs * 12 * 64, 0.01f), vc(kc.size(), 0.02f);
+  ForwardBatch b;
+  for (std::int32_t s = 0; s < seqs; ++s) {
+    b.token_ids.push_back(0);
+    b.positions.push_back(ctx - 1);
+    b.slot_mapping.push_back((s * per_seq + per_seq - 1) * bs);
+    b.query_start.push_back(s);
+    b.context_lens.push_back(ctx);
+    for (std::int32_t j = 0; j < per_seq; ++j) b.block_tables.push_back(s * per_seq + j);
+  }
+  b.query_start.push_back(seqs);
+  b.max_blocks_per_seq = per_seq;
+  std::vector<float> qkv(static_cast<std::size_t>(seqs * heads.qkv_width()), 0.1f);
+  std::vector<float> out(static_cast<std::size_t>(seqs) * 768);
+  auto& be = backend(true);
+  const DeviceBatch db = be.upload_batch(b);
+  const Shape cs{blocks, bs, 12, 64};
+  const KvLayer cache{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  for (auto _ : state) {
+    be.attention(Tensor(out.data(), DType::f32, {seqs, 768}),
+                 Tensor(qkv.data(), DType::f32, {seqs, heads.qkv_width()}), heads, db, cache, 0.125f);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double kv_bytes = 2.0 * seqs * ctx * 768 * 4;
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_attention_decode)->Args({1, 1024})->Args({8, 512})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
