@@ -1,0 +1,261 @@
+// xserv-cli chat: an interactive, multi-turn, streaming conversation.
+//
+// With a chat template (Qwen3) the whole history is rendered through the template each turn,
+// exactly as transformers would, and the reply is streamed as it is sampled. Models without a
+// template (GPT-2) get a plain running transcript that each input line extends and the model
+// continues. When the history no longer fits the context, the oldest turns are dropped (the
+// system prompt stays).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "engine/generator.hpp"
+#include "models/model.hpp"
+#include "progress.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace xserv::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: xserv-cli chat -m DIR [options]\n"
+    "\n"
+    "Interactive chat: type a message, the reply streams back. The history is kept (through\n"
+    "the model's chat template; a model without one continues a plain transcript).\n"
+    "Commands: /reset forgets the history, /quit (or end of input) leaves.\n"
+    "\n"
+    "options:\n"
+    "  -m, --model DIR        model directory (config.json, *.safetensors, tokenizer)\n"
+    "  -n, --max-tokens N     reply length limit (default 256)\n"
+    "  --temperature T        0 = greedy (default 0.7)\n"
+    "  --top-k K              (default 40; 0 = off)\n"
+    "  --top-p P              (default 0.95)\n"
+    "  --min-p P              (default 0)\n"
+    "  --repetition-penalty R (default 1.0)\n"
+    "  --seed S               fixed seed (default: a fresh one per reply)\n"
+    "  --system TEXT          system prompt (chat-template models)\n"
+    "  --think                let Qwen3 think before answering (default: enable_thinking=false)\n"
+    "  --device cpu|cuda      (default: cuda when available)\n"
+    "  --threads N            CPU threads (default: all)\n";
+
+struct ChatOptions {
+  std::string model_dir;
+  SamplingParams sampling;
+  std::string system;
+  bool think = false;
+  std::string device;
+  std::size_t threads = 0;
+};
+
+std::string value_of(const Args& args, std::size_t& i) {
+  XSERV_CHECK(i + 1 < args.size(), ErrorCode::invalid_argument, "{} needs a value", args[i]);
+  return args[++i];
+}
+
+double number_of(const Args& args, std::size_t& i) {
+  const std::string flag = args[i];
+  const std::string v = value_of(args, i);
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  XSERV_CHECK(end != v.c_str() && *end == '\0', ErrorCode::invalid_argument,
+              "{} takes a number, not '{}'", flag, v);
+  return d;
+}
+
+ChatOptions parse(const Args& args) {
+  ChatOptions o;
+  o.sampling.max_tokens = 256;
+  o.sampling.temperature = 0.7f;
+  o.sampling.top_k = 40;
+  o.sampling.top_p = 0.95f;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-m" || a == "--model") o.model_dir = value_of(args, i);
+    else if (a == "-n" || a == "--max-tokens") o.sampling.max_tokens = static_cast<std::int32_t>(number_of(args, i));
+    else if (a == "--temperature") o.sampling.temperature = static_cast<float>(number_of(args, i));
+    else if (a == "--top-k") o.sampling.top_k = static_cast<std::int32_t>(number_of(args, i));
+    else if (a == "--top-p") o.sampling.top_p = static_cast<float>(number_of(args, i));
+    else if (a == "--min-p") o.sampling.min_p = static_cast<float>(number_of(args, i));
+    else if (a == "--repetition-penalty") o.sampling.repetition_penalty = static_cast<float>(number_of(args, i));
+    else if (a == "--seed") o.sampling.seed = static_cast<std::uint64_t>(number_of(args, i));
+    else if (a == "--system") o.system = value_of(args, i);
+    else if (a == "--think") o.think = true;
+    else if (a == "--device") o.device = value_of(args, i);
+    else if (a == "--threads") o.threads = static_cast<std::size_t>(number_of(args, i));
+    else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see --help)", a);
+  }
+  XSERV_CHECK(!o.model_dir.empty(), ErrorCode::invalid_argument, "-m DIR is required");
+  o.sampling.validate();
+  return o;
+}
+
+DeviceKind pick_device(const std::string& name) {
+  if (name.empty() || name == "auto") return cuda_available() ? DeviceKind::cuda : DeviceKind::cpu;
+  if (name == "cpu") return DeviceKind::cpu;
+  if (name == "cuda") return DeviceKind::cuda;
+  throw_error(ErrorCode::invalid_argument, "--device must be cpu, cuda or auto, not '{}'", name);
+}
+
+// Streams a reply's text to stdout as it becomes safe to show.
+TokenCallback print_text() {
+  return [](const TokenEvent& e) {
+    if (!e.text.empty()) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+}
+
+class Chat {
+ public:
+  Chat(const ChatOptions& o, Model& model, const Tokenizer& tokenizer)
+      : o_(o), tok_(tokenizer), gen_(model, &tokenizer),
+        n_ctx_(model.config().max_position_embeddings) {
+    sampling_ = o.sampling;
+    // ChatML ends a turn with <|im_end|>; stop there even if generation_config.json does not
+    // list it among the eos ids.
+    if (tok_.has_chat_template())
+      if (auto id = tok_.token_id("<|im_end|>")) sampling_.stop_token_ids.push_back(*id);
+    reset();
+  }
+
+  void reset() {
+    history_.clear();
+    transcript_.clear();
+    if (tok_.has_chat_template() && !o_.system.empty()) history_.push_back({"system", o_.system});
+  }
+
+  // One user turn: the reply is streamed to stdout and kept in the history.
+  void turn(const std::string& user) {
+    if (tok_.has_chat_template()) turn_with_template(user);
+    else turn_plain(user);
+  }
+
+ private:
+  // Room left for the prompt once the reply's tokens are reserved.
+  std::size_t prompt_budget() const {
+    const std::int64_t room = static_cast<std::int64_t>(n_ctx_) - sampling_.max_tokens;
+    XSERV_CHECK(room > 0, ErrorCode::invalid_argument,
+                "--max-tokens {} leaves no room for a prompt in the model's {} positions",
+                sampling_.max_tokens, n_ctx_);
+    return static_cast<std::size_t>(room);
+  }
+
+  void turn_with_template(const std::string& user) {
+    history_.push_back({"user", user});
+    std::vector<std::int32_t> ids = render();
+    // Drop the oldest exchanges (never the system prompt nor this message) until it fits.
+    const std::size_t first = !history_.empty() && history_.front().role == "system" ? 1 : 0;
+    while (ids.size() > prompt_budget() && history_.size() > first + 1) {
+      history_.erase(history_.begin() + static_cast<std::ptrdiff_t>(first));
+      ids = render();
+    }
+    if (ids.size() > prompt_budget()) {
+      history_.pop_back();
+      throw_error(ErrorCode::invalid_argument,
+                  "the message needs {} tokens; {} fit with a {}-token reply", ids.size(),
+                  prompt_budget(), sampling_.max_tokens);
+    }
+    GenerationResult r;
+    try {
+      r = gen_.generate(ids, sampling_, print_text());
+    } catch (...) {
+      history_.pop_back();  // the turn did not happen
+      throw;
+    }
+    std::fputc('\n', stdout);
+    history_.push_back({"assistant", r.text});
+  }
+
+  std::vector<std::int32_t> render() const {
+    return tok_.encode(tok_.apply_chat_template(history_, true, o_.think));
+  }
+
+  void turn_plain(const std::string& user) {
+    transcript_ += user;
+    transcript_ += '\n';
+    std::vector<std::int32_t> ids = tok_.encode(transcript_);
+    if (ids.size() > prompt_budget()) {
+      // Keep the most recent tokens and the text they decode to.
+      ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(prompt_budget()));
+      transcript_ = tok_.decode(ids);
+    }
+    const GenerationResult r = gen_.generate(ids, sampling_, print_text());
+    std::fputc('\n', stdout);
+    transcript_ += r.text;
+    if (transcript_.empty() || transcript_.back() != '\n') transcript_ += '\n';
+  }
+
+  const ChatOptions& o_;
+  const Tokenizer& tok_;
+  Generator gen_;
+  std::int32_t n_ctx_;
+  SamplingParams sampling_;
+  std::vector<Tokenizer::Message> history_;
+  std::string transcript_;
+};
+
+}  // namespace
+
+int run_chat(const Args& args) {
+  for (const auto& a : args)
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  const ChatOptions o = parse(args);
+  BackendOptions bo;
+  bo.threads = o.threads;
+  std::unique_ptr<Backend> backend = make_backend(pick_device(o.device), bo);
+  ModelOptions mo;
+  mo.on_progress = load_progress_bar(o.model_dir);
+  std::unique_ptr<Model> model = Model::load(o.model_dir, *backend, mo);
+  const Tokenizer tokenizer = Tokenizer::load(o.model_dir);
+  Chat chat(o, *model, tokenizer);
+
+  const bool interactive = isatty(STDIN_FILENO) != 0;
+  std::fprintf(stderr, "%s: %s, %d layers, on %s\n", o.model_dir.c_str(),
+               std::string(arch_name(model->config().arch)).c_str(), model->config().num_layers,
+               backend->name().c_str());
+  if (!tokenizer.has_chat_template())
+    std::fprintf(stderr,
+                 "this model has no chat template: plain continuation (each line you type is "
+                 "added to a running transcript that the model continues)\n");
+  if (interactive) std::fprintf(stderr, "/reset forgets the history, /quit leaves\n");
+
+  std::string line;
+  while (true) {
+    if (interactive) {
+      std::fputs("> ", stdout);
+      std::fflush(stdout);
+    }
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line == "/quit" || line == "/exit") break;
+    if (line == "/reset") {
+      chat.reset();
+      continue;
+    }
+    try {
+      chat.turn(line);
+    } catch (const Error& e) {
+      // A bad turn (too long, invalid UTF-8) is reported; the conversation goes on.
+      if (e.code() != ErrorCode::invalid_argument) throw;
+      std::fprintf(stderr, "xserv-cli chat: %s\n", e.what());
+    }
+  }
+  if (interactive) std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace xserv::cli
