@@ -96,7 +96,7 @@ def run(build, model_dir, work):
 
 def main():
     build, out = sys.argv[1], sys.argv[2]
-    work = os.path.join(os.path.dirname(os.path.abspath(out)) or ".", "parity_work")
+    work = os.environ.get("XSERV_PARITY_WORK", "/tmp/xserv_parity_work")
     os.makedirs(work, exist_ok=True)
     results = []
     for d in sys.argv[3:]:
