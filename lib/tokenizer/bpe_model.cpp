@@ -1,9 +1,10 @@
 #include "tokenizer/bpe_model.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
-#include <mutex>
 #include <queue>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -25,20 +26,62 @@ std::uint64_t mix(std::uint64_t key) noexcept {
   return key;
 }
 
+// A fast hash for short byte strings: 8 bytes at a time through a multiply-xorshift mix.
+std::uint64_t hash_word(std::string_view s) noexcept {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  if (i < s.size()) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, s.data() + i, s.size() - i);
+    h = (h ^ v) * 0x94D049BB133111EBull;
+    h ^= h >> 29;
+  }
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 32);
+}
+
+// Spin lock over one stripe of cache slots; critical sections are a compare and a copy.
+class StripeLock {
+ public:
+  explicit StripeLock(std::atomic<bool>& flag) : flag_(flag) {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      while (flag_.load(std::memory_order_relaxed)) std::this_thread::yield();
+    }
+  }
+  ~StripeLock() { flag_.store(false, std::memory_order_release); }
+  StripeLock(const StripeLock&) = delete;
+  StripeLock& operator=(const StripeLock&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
 // Words up to this many bytes merge with a linear scan (cheaper than a heap when short).
-constexpr std::size_t kShortWord = 48;
+constexpr std::size_t kShortWord = 32;
 
 }  // namespace
 
 BpeModel::BpeModel(const std::int32_t (&byte_ids)[256], const std::vector<Merge>& merges,
                    const std::vector<std::int32_t>& merged_ids, bool ignore_merges,
                    std::unordered_map<std::string, std::int32_t> word_ids)
-    : ignore_merges_(ignore_merges), word_ids_(std::move(word_ids)) {
+    : ignore_merges_(ignore_merges),
+      word_ids_(std::move(word_ids)),
+      cache_(new CacheSlot[kCacheSlots]),
+      cache_locks_(new std::atomic<bool>[kCacheLocks]) {
+  for (std::size_t i = 0; i < kCacheLocks; ++i) cache_locks_[i].store(false);
   std::copy(std::begin(byte_ids), std::end(byte_ids), byte_ids_);
   XSERV_CHECK(merges.size() == merged_ids.size(), ErrorCode::internal, "BPE: merge tables differ in size");
   XSERV_CHECK(merges.size() < static_cast<std::size_t>(kNoRank), ErrorCode::format, "BPE: too many merges");
+  // Load factor at most 2/3: linear probes stay short while the table stays small enough to
+  // sit mostly in the last-level cache (a probe is a likely cache miss; it is the hot path).
   std::size_t cap = 16;
-  while (cap < merges.size() * 2) cap <<= 1;
+  while (cap * 2 < merges.size() * 3) cap <<= 1;
   slots_.assign(cap, Slot{kEmpty, 0, 0});
   mask_ = cap - 1;
   for (std::size_t i = 0; i < merges.size(); ++i) {
@@ -72,6 +115,9 @@ void BpeModel::merge_short(std::vector<std::int32_t>& ids) const {
     ranks[i] = s ? s->rank : kNoRank;
     merged[i] = s ? s->merged : -1;
   };
+  // The first lookups are independent: prefetch their slots so their cache misses overlap.
+  for (std::size_t i = 0; i + 1 < n; ++i)
+    __builtin_prefetch(&slots_[mix(pair_key(ids[i], ids[i + 1])) & mask_]);
   for (std::size_t i = 0; i + 1 < n; ++i) set_rank(i);
   while (n > 1) {
     std::size_t best = 0;
@@ -96,35 +142,54 @@ void BpeModel::merge_short(std::vector<std::int32_t>& ids) const {
 // stale when a neighbour merges; a popped entry is applied only if its pair still exists.
 void BpeModel::merge_long(std::vector<std::int32_t>& ids) const {
   const auto n = static_cast<std::int32_t>(ids.size());
-  std::vector<std::int32_t> prev(n), next(n);
+  // Scratch reused across calls on this thread: long words are common in CJK text (a run of
+  // ideographs is one pre-token) and allocation would cost as much as the merging.
+  struct Cand {
+    std::int32_t rank, pos, merged;
+  };
+  struct Scratch {
+    std::vector<std::int32_t> prev, next;
+    std::vector<Cand> heap;
+  };
+  thread_local Scratch scratch;
+  auto& prev = scratch.prev;
+  auto& next = scratch.next;
+  auto& heap = scratch.heap;
+  prev.resize(static_cast<std::size_t>(n));
+  next.resize(static_cast<std::size_t>(n));
+  heap.clear();
   for (std::int32_t i = 0; i < n; ++i) {
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
-  struct Cand {
-    std::int32_t rank, pos, merged;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::vector<Cand> storage;
-  storage.reserve(static_cast<std::size_t>(n));
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap(std::greater<Cand>{}, std::move(storage));
+  // Min-heap on (rank, pos): std::push_heap/pop_heap with "greater" ordering.
+  auto after = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   auto push = [&](std::int32_t pos) {
     std::int32_t nx = next[pos];
     if (nx < 0) return;
-    if (const Slot* s = find_pair(ids[pos], ids[nx])) heap.push(Cand{s->rank, pos, s->merged});
+    if (const Slot* s = find_pair(ids[pos], ids[nx])) {
+      heap.push_back(Cand{s->rank, pos, s->merged});
+      std::push_heap(heap.begin(), heap.end(), after);
+    }
   };
-  for (std::int32_t i = 0; i + 1 < n; ++i) push(i);
-  std::vector<bool> alive(static_cast<std::size_t>(n), true);
+  for (std::int32_t i = 0; i + 1 < n; ++i)
+    __builtin_prefetch(&slots_[mix(pair_key(ids[i], ids[i + 1])) & mask_]);
+  for (std::int32_t i = 0; i + 1 < n; ++i) {
+    if (const Slot* s = find_pair(ids[i], ids[i + 1])) heap.push_back(Cand{s->rank, i, s->merged});
+  }
+  std::make_heap(heap.begin(), heap.end(), after);
+  // A merged-away symbol is marked by prev == -2.
   while (!heap.empty()) {
-    Cand c = heap.top();
-    heap.pop();
-    if (!alive[c.pos]) continue;
+    std::pop_heap(heap.begin(), heap.end(), after);
+    Cand c = heap.back();
+    heap.pop_back();
+    if (prev[c.pos] == -2) continue;
     std::int32_t nx = next[c.pos];
     if (nx < 0) continue;
     const Slot* s = find_pair(ids[c.pos], ids[nx]);
     if (!s || s->merged != c.merged) continue;  // stale: a neighbour changed
     ids[c.pos] = c.merged;
-    alive[nx] = false;
+    prev[nx] = -2;
     next[c.pos] = next[nx];
     if (next[nx] >= 0) prev[next[nx]] = c.pos;
     if (prev[c.pos] >= 0) push(prev[c.pos]);
@@ -149,14 +214,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out
       return;
     }
   }
-  {
-    std::shared_lock lock(cache_mutex_);
-    auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  const std::uint64_t hash = hash_word(word);
+  if (cache_lookup(hash, word, out)) return;
   std::vector<std::int32_t> ids;
   ids.reserve(word.size());
   for (char c : word) {
@@ -169,14 +228,34 @@ void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out
     merge_long(ids);
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  std::unique_lock lock(cache_mutex_);
-  if (cache_.size() >= kCacheCapacity) cache_.clear();
-  cache_.emplace(std::string(word), std::move(ids));
+  cache_store(hash, word, ids);
+}
+
+bool BpeModel::cache_lookup(std::uint64_t hash, std::string_view word, std::vector<std::int32_t>& out) const {
+  const std::size_t slot = hash & (kCacheSlots - 1);
+  StripeLock lock(cache_locks_[slot % kCacheLocks]);
+  const CacheSlot& s = cache_[slot];
+  if (s.hash != hash || s.word != word) return false;
+  out.insert(out.end(), s.ids.begin(), s.ids.end());
+  return true;
+}
+
+void BpeModel::cache_store(std::uint64_t hash, std::string_view word, const std::vector<std::int32_t>& ids) const {
+  const std::size_t slot = hash & (kCacheSlots - 1);
+  StripeLock lock(cache_locks_[slot % kCacheLocks]);
+  CacheSlot& s = cache_[slot];
+  s.hash = hash;
+  s.word.assign(word);
+  s.ids.assign(ids.begin(), ids.end());
 }
 
 std::size_t BpeModel::cache_size() const {
-  std::shared_lock lock(cache_mutex_);
-  return cache_.size();
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < kCacheSlots; ++i) {
+    StripeLock lock(cache_locks_[i % kCacheLocks]);
+    n += cache_[i].word.empty() ? 0 : 1;
+  }
+  return n;
 }
 
 }  // namespace xserv::tokenizer

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -33,6 +33,7 @@ class BpeModel {
   // Appends the ids of one pre-token. Thread-safe (the word cache is locked).
   void encode_word(std::string_view word, std::vector<std::int32_t>& out) const;
 
+  // Number of cached words (for tests).
   std::size_t cache_size() const;
 
  private:
@@ -54,15 +55,21 @@ class BpeModel {
   bool ignore_merges_ = false;
   std::unordered_map<std::string, std::int32_t> word_ids_;
 
-  // Cache of recent words (most pre-tokens of real text repeat). Cleared when full so that a
-  // long-running server keeps adapting to its traffic.
-  struct StringHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  // Cache of recent words (most pre-tokens of real text repeat): direct-mapped, a word lives in
+  // the slot its hash picks and a newer word with the same slot replaces it, so the cache never
+  // grows, never rehashes and keeps adapting to the traffic of a long-running server. Slots are
+  // guarded by striped spin locks, held only to compare a key and copy a few ids.
+  struct CacheSlot {
+    std::uint64_t hash = 0;
+    std::string word;
+    std::vector<std::int32_t> ids;
   };
-  static constexpr std::size_t kCacheCapacity = 1 << 16;
-  mutable std::shared_mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<std::int32_t>, StringHash, std::equal_to<>> cache_;
+  static constexpr std::size_t kCacheSlots = 1 << 16;
+  static constexpr std::size_t kCacheLocks = 256;
+  bool cache_lookup(std::uint64_t hash, std::string_view word, std::vector<std::int32_t>& out) const;
+  void cache_store(std::uint64_t hash, std::string_view word, const std::vector<std::int32_t>& ids) const;
+  mutable std::unique_ptr<CacheSlot[]> cache_;
+  mutable std::unique_ptr<std::atomic<bool>[]> cache_locks_;
 };
 
 }  // namespace xserv::tokenizer

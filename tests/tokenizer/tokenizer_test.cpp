@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/utf8.hpp"
@@ -298,4 +299,31 @@ TEST_CASE("load errors", "[tokenizer]") {
     CHECK(e.code() == xserv::ErrorCode::format);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("concurrent encodes agree with serial ones", "[tokenizer]") {
+  // Words collide in the shared word cache; results must not depend on the interleaving.
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) {
+    std::string t;
+    for (int k = 0; k < 200; ++k) {
+      t += 'w';
+      t += std::to_string((i * 7919 + k * 104729) % 5000);
+      t += k % 5 ? " " : "。机器";
+    }
+    texts.push_back(t);
+  }
+  std::vector<std::vector<std::int32_t>> serial;
+  for (const auto& t : texts) serial.push_back(qwen3().encode(t));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int rep = 0; rep < 3; ++rep)
+        for (std::size_t i = th; i < texts.size(); i += 2)
+          if (qwen3().encode(texts[i]) != serial[i]) ++bad[th];
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(bad == std::vector<int>(4, 0));
 }
