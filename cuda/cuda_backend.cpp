@@ -177,6 +177,7 @@ class CudaBackend final : public Backend {
 
   // Split-KV partials and sampling inputs.
   Buffer split_scratch_;
+  Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
   PinnedBuffer sample_host_;
   Buffer sample_device_;
   Buffer token_counts_;
@@ -223,6 +224,8 @@ CudaBackend::~CudaBackend() {
   transit_ = Buffer();
   batch_device_ = Buffer();
   split_scratch_ = Buffer();
+  gemv_partial_ = Buffer();
+  gemv_tickets_ = Buffer();
   sample_device_ = Buffer();
   token_counts_ = Buffer();
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -354,10 +357,7 @@ DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
   auto* host = reinterpret_cast<std::int32_t*>(batch_host_.data());
   auto* dev = static_cast<std::int32_t*>(batch_device_.data());
   auto put = [&](std::int64_t off, const std::int32_t* src, std::int64_t n) {
-    if (n <= 0) return;
-    std::memcpy(host + off, src, static_cast<std::size_t>(n) * 4);
-    XSERV_CUDA_CHECK(cudaMemcpyAsync(dev + off, host + off, static_cast<std::size_t>(n) * 4,
-                                     cudaMemcpyHostToDevice, stream_));
+    if (n > 0) std::memcpy(host + off, src, static_cast<std::size_t>(n) * 4);
   };
   put(l.tokens, b.token_ids.data(), t);
   put(l.positions, b.positions.data(), t);
@@ -365,14 +365,14 @@ DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
   put(l.logit_rows, b.logit_rows.data(), r);
   put(l.query_start, b.query_start.data(), s + 1);
   put(l.context_lens, b.context_lens.data(), s);
-  if (s > 0) {
-    std::int32_t* table = host + l.block_tables;
-    std::fill(table, table + s * stride, 0);
-    for (std::int64_t i = 0; i < s; ++i)
-      std::copy_n(b.block_tables.data() + i * b.max_blocks_per_seq, b.max_blocks_per_seq, table + i * stride);
-    XSERV_CUDA_CHECK(cudaMemcpyAsync(dev + l.block_tables, table, static_cast<std::size_t>(s * stride) * 4,
-                                     cudaMemcpyHostToDevice, stream_));
-  }
+  std::int32_t* table = host + l.block_tables;
+  std::fill(table, table + s * stride, 0);
+  for (std::int64_t i = 0; i < s; ++i)
+    std::copy_n(b.block_tables.data() + i * b.max_blocks_per_seq, b.max_blocks_per_seq, table + i * stride);
+  // One copy of the whole prefix up to the used block tables: a decode step's few integers cost
+  // one DMA instead of seven (the gaps are a few KB).
+  const std::size_t bytes = static_cast<std::size_t>(l.block_tables + s * stride) * 4;
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
   XSERV_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
 
   DeviceBatch d;
@@ -459,12 +459,22 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
               ErrorCode::unsupported, "gemm: a {}, w {}, out {}, bias {} is not a supported dtype mix",
               dtype_name(a.dtype), dtype_name(w.dtype), dtype_name(out.dtype),
               bias.empty() ? "none" : dtype_name(bias.dtype));
-  if (use_gemv_ && a.dtype == DType::bf16 && layout == WeightLayout::out_in &&
-      gemv_supported(m, k, a.data, w.data)) {
-    // Decode-sized products stream the weight once through an own kernel (cuBLASLt's small-M
-    // kernels leave bandwidth unused).
-    launch_gemv(stream_, out.dtype, out.data, ldo, a.data, w.data, bias.empty() ? nullptr : bias.data,
-                beta, m, n, k);
+  const bool in_out = layout == WeightLayout::in_out;
+  if (use_gemv_ && gemv_supported(a.dtype, in_out, m, n, k, a.data, w.data)) {
+    // Decode-sized products stream the weight once through own kernels (cuBLASLt's small-M
+    // kernels leave bandwidth unused and cost more launches).
+    const std::size_t partial = gemv_scratch_floats(a.dtype, in_out, m, n, k, sm_count_);
+    if (partial > 0) {
+      ensure_scratch(gemv_partial_, partial * sizeof(float));
+      const std::size_t tickets = gemv_tickets(a.dtype, n) * sizeof(unsigned);
+      if (gemv_tickets_.size() < tickets) {
+        ensure_scratch(gemv_tickets_, tickets);
+        XSERV_CUDA_CHECK(cudaMemsetAsync(gemv_tickets_.data(), 0, gemv_tickets_.size(), stream_));
+      }
+    }
+    launch_gemv(stream_, a.dtype, out.dtype, in_out, out.data, ldo, a.data, w.data,
+                bias.empty() ? nullptr : bias.data, beta, m, n, k, sm_count_,
+                static_cast<float*>(gemv_partial_.data()), static_cast<unsigned*>(gemv_tickets_.data()));
     return;
   }
   XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");

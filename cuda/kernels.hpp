@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tensor/dtype.hpp"
@@ -37,13 +38,20 @@ void launch_convert(cudaStream_t stream, DType from, DType to, const void* src, 
 void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
                         std::uint64_t seed, float scale, float offset);
 
-// gemv.cu: out[m, :] = a[m, :] . W^T (+ bias) (+ beta * out) for W [N, K] bf16 (Linear layout),
-// a bf16, out bf16 or f32, M <= max_gemv_rows: the weight-streaming path of decode steps.
+// gemv.cu: out[m, :] = a[m, :] . W (+ bias) (+ beta * out) for M <= max_gemv_rows, a and W in
+// dt (f32 or bf16), out in dt or f32; W [N, K] (in_out = false) or [K, N] (in_out = true). The
+// weight-streaming path of decode steps. in_out GEMMs split K over blocks and need
+// gemv_scratch_floats() floats of scratch and gemv_tickets() zeroed counters (left zeroed).
 constexpr std::int64_t max_gemv_rows = 8;
-bool gemv_supported(std::int64_t m, std::int64_t k, const void* a, const void* w) noexcept;
-void launch_gemv(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
-                 const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
-                 std::int64_t k);
+bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k,
+                    const void* a, const void* w) noexcept;
+std::size_t gemv_scratch_floats(DType dt, bool in_out, std::int64_t m, std::int64_t n,
+                                std::int64_t k, int sm_count) noexcept;
+std::size_t gemv_tickets(DType dt, std::int64_t n) noexcept;
+void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void* out,
+                 std::int64_t ldo, const void* a, const void* w, const void* bias, float beta,
+                 std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
+                 unsigned* tickets);
 
 // rope_kv.cu
 constexpr int max_head_dim = 256;

@@ -29,12 +29,14 @@ __device__ __forceinline__ int key_id(u64 key) {
   return static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(key & 0xFFFFFFFFull));
 }
 
+// Masses are summed in double (like the CPU backend): with thousands of kept tokens a float sum
+// can move a draw across a boundary of the order, and then the id differs completely.
 struct Shared {
-  float bins[256];
-  float scratch[32];
+  double bins[256];
+  double scratch[32];
   u64 key_scratch[32];
   u64 prefix;
-  float above;
+  double above;
 };
 
 // What a row keeps: keys >= floor whose weight exp(x - mx) is >= min_weight.
@@ -49,28 +51,28 @@ __device__ __forceinline__ float weight_of(float x, float mx) { return expf(x - 
 // The key of the element at which the running total over kept elements in descending key order
 // first reaches target (strict: exceeds it). Totals count elements (by_count) or mass.
 __device__ u64 radix_select(const float* x, int vocab, const Keep& keep, bool by_count,
-                            float target, bool strict, Shared& sh) {
+                            double target, bool strict, Shared& sh) {
   u64 prefix = 0, mask = 0;
-  float above = 0.0f;
+  double above = 0.0;
   for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.bins[i] = 0.0f;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.bins[i] = 0.0;
     __syncthreads();
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       const u64 key = order_key(x[i], i);
       if (key < keep.floor || (key & mask) != prefix) continue;
       const float w = weight_of(x[i], keep.mx);
       if (w < keep.min_weight) continue;
-      atomicAdd(&sh.bins[(key >> shift) & 255], by_count ? 1.0f : w);
+      atomicAdd(&sh.bins[(key >> shift) & 255], by_count ? 1.0 : static_cast<double>(w));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      float run = above;
+      double run = above;
       int chosen = -1, last = -1;
       for (int d = 255; d >= 0; --d) {
-        const float b = sh.bins[d];
-        if (b <= 0.0f) continue;
+        const double b = sh.bins[d];
+        if (b <= 0.0) continue;
         last = d;
-        const float next = run + b;
+        const double next = run + b;
         if (strict ? next > target : next >= target) {
           chosen = d;
           break;
@@ -94,14 +96,23 @@ __device__ u64 radix_select(const float* x, int vocab, const Keep& keep, bool by
   return prefix;
 }
 
-__device__ float kept_mass(const float* x, int vocab, const Keep& keep, Shared& sh) {
-  float s = 0.0f;
+__device__ double kept_mass(const float* x, int vocab, const Keep& keep, Shared& sh) {
+  double s = 0.0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
     if (order_key(x[i], i) < keep.floor) continue;
     const float w = weight_of(x[i], keep.mx);
     if (w >= keep.min_weight) s += w;
   }
-  return block_sum(s, sh.scratch);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh.scratch[warp] = s;
+  __syncthreads();
+  s = lane < static_cast<int>(blockDim.x >> 5) ? sh.scratch[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
 }
 
 __device__ u64 block_max_key(u64 k, Shared& sh) {
@@ -162,15 +173,15 @@ __global__ void __launch_bounds__(threads) sample_kernel(float* logits, std::int
   const float mx = __uint_as_float((top_bits & 0x80000000u) ? (top_bits & 0x7fffffffu) : ~top_bits);
   Keep keep{0ull, mx, 0.0f};
   if (prm.top_k > 0 && prm.top_k < vocab)
-    keep.floor = radix_select(x, vocab, keep, true, static_cast<float>(prm.top_k), false, sh);
+    keep.floor = radix_select(x, vocab, keep, true, static_cast<double>(prm.top_k), false, sh);
   if (prm.top_p < 1.0f) {
-    const float z = kept_mass(x, vocab, keep, sh);
-    const u64 k = radix_select(x, vocab, keep, false, prm.top_p * z, false, sh);
+    const double z = kept_mass(x, vocab, keep, sh);
+    const u64 k = radix_select(x, vocab, keep, false, static_cast<double>(prm.top_p) * z, false, sh);
     keep.floor = k > keep.floor ? k : keep.floor;
   }
   if (prm.min_p > 0.0f) keep.min_weight = prm.min_p;  // p_i >= min_p * p_max, p_max has weight 1
-  const float z = kept_mass(x, vocab, keep, sh);
-  const u64 chosen = radix_select(x, vocab, keep, false, prm.uniform * z, true, sh);
+  const double z = kept_mass(x, vocab, keep, sh);
+  const u64 chosen = radix_select(x, vocab, keep, false, static_cast<double>(prm.uniform) * z, true, sh);
   if (threadIdx.x == 0) out_ids[row] = key_id(chosen);
 }
 
