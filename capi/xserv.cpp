@@ -1,10 +1,31 @@
 // The extern "C" facade over xserv's C++ internals. Every entry point catches everything: no
 // exception crosses the C boundary, failures become an xserv_status plus a thread-local message.
+//
+// Shape of every fallible entry point: `return guard("name", [&] { ...; });` — guard() runs the
+// body, maps xserv::Error / std::bad_alloc / anything else onto a status and records the
+// message. Objects are owned by RAII members of xserv_model, so an exception on any path
+// releases what was built so far.
 #include "xserv.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
 
+#include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "core/utf8.hpp"
+#include "engine/generator.hpp"
+#include "engine/sampling_params.hpp"
+#include "models/model.hpp"
+#include "tokenizer/tokenizer.hpp"
 #include "xserv/version.hpp"
 
 static_assert(XSERV_VERSION_MAJOR == XSERV_PROJECT_VERSION_MAJOR &&
@@ -12,8 +33,206 @@ static_assert(XSERV_VERSION_MAJOR == XSERV_PROJECT_VERSION_MAJOR &&
                   XSERV_VERSION_PATCH == XSERV_PROJECT_VERSION_PATCH,
               "capi/xserv.h and CMakeLists.txt disagree on the version");
 
+// The handle behind the opaque pointer. Members are declared in dependency order so that they
+// are destroyed in reverse: the generator (KV cache) before the model before the backend.
+struct xserv_model {
+  std::unique_ptr<xserv::Backend> backend;
+  std::unique_ptr<xserv::Model> model;
+  std::unique_ptr<xserv::Tokenizer> tokenizer;
+  std::unique_ptr<xserv::Generator> generator;
+  std::string arch;
+  std::string device;
+  std::string desc;
+  // Serializes every call on one model (the generator's KV cache and the tokenizer's word cache
+  // are not safe to share). Recursive so a token callback may tokenize on the same model.
+  mutable std::recursive_mutex mutex;
+};
+
 namespace {
+
+using xserv::ErrorCode;
+
 thread_local std::string g_last_error;
+
+xserv_status to_status(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::ok: return XSERV_OK;
+    case ErrorCode::invalid_argument: return XSERV_ERR_INVALID_ARGUMENT;
+    case ErrorCode::not_found: return XSERV_ERR_NOT_FOUND;
+    case ErrorCode::io: return XSERV_ERR_IO;
+    case ErrorCode::format: return XSERV_ERR_FORMAT;
+    case ErrorCode::unsupported: return XSERV_ERR_UNSUPPORTED;
+    case ErrorCode::out_of_memory: return XSERV_ERR_OUT_OF_MEMORY;
+    case ErrorCode::resource_exhausted: return XSERV_ERR_RESOURCE_EXHAUSTED;
+    case ErrorCode::cuda: return XSERV_ERR_CUDA;
+    case ErrorCode::cancelled: return XSERV_ERR_CANCELLED;
+    case ErrorCode::internal: return XSERV_ERR_INTERNAL;
+  }
+  return XSERV_ERR_INTERNAL;
+}
+
+// Records the message of a failure. Never throws: if even the message cannot be stored (out of
+// memory), the old one is cleared rather than left misleading.
+xserv_status fail(xserv_status status, const char* where, const char* message) noexcept {
+  try {
+    g_last_error.assign(where);
+    g_last_error.append(": ");
+    g_last_error.append(message);
+  } catch (...) {
+    g_last_error.clear();
+  }
+  return status;
+}
+
+// A failure raised inside a body with its own status (BUFFER_TOO_SMALL has no ErrorCode).
+struct StatusError {
+  xserv_status status;
+  std::string message;
+};
+
+[[noreturn]] void throw_status(xserv_status status, std::string message) {
+  throw StatusError{status, std::move(message)};
+}
+[[noreturn]] void throw_invalid(std::string message) {
+  throw_status(XSERV_ERR_INVALID_ARGUMENT, std::move(message));
+}
+
+template <typename Body>
+xserv_status guard(const char* where, Body&& body) noexcept {
+  try {
+    body();
+    return XSERV_OK;
+  } catch (const StatusError& e) {
+    return fail(e.status, where, e.message.c_str());
+  } catch (const xserv::Error& e) {
+    return fail(to_status(e.code()), where, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(XSERV_ERR_OUT_OF_MEMORY, where, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(XSERV_ERR_INTERNAL, where, e.what());
+  } catch (...) {
+    return fail(XSERV_ERR_INTERNAL, where, "unknown exception");
+  }
+}
+
+void require(const void* p, const char* name) {
+  if (p == nullptr) throw_invalid(std::string(name) + " is NULL");
+}
+
+std::string_view checked_utf8(const char* text, const char* name) {
+  require(text, name);
+  std::string_view view(text);
+  const std::size_t bad = xserv::utf8::find_invalid(view);
+  if (bad != std::string_view::npos)
+    throw_invalid(std::string(name) + " is not valid UTF-8 (first bad byte at offset " +
+                  std::to_string(bad) + ")");
+  return view;
+}
+
+// Writes `text` plus a NUL into a caller buffer under the (buffer, capacity, &length) rule.
+void write_text(std::string_view text, char* out, std::size_t capacity, std::size_t* length) {
+  *length = text.size();
+  if (capacity < text.size() + 1)
+    throw_status(XSERV_ERR_BUFFER_TOO_SMALL, "the text needs " + std::to_string(text.size() + 1) +
+                                                 " bytes, the buffer has " +
+                                                 std::to_string(capacity));
+  std::memcpy(out, text.data(), text.size());
+  out[text.size()] = '\0';
+}
+
+void check_buffer(const void* buffer, std::size_t capacity, const char* name) {
+  if (buffer == nullptr && capacity > 0) throw_invalid(std::string(name) + " is NULL but capacity > 0");
+}
+
+// malloc'd copy for xserv_string_free (free() is what the C side can rely on).
+char* c_string(std::string_view s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  return p;
+}
+
+// The getters cannot return a status; a NULL model is recorded and answered with `fallback`.
+template <typename T, typename Get>
+T get(const xserv_model* model, const char* where, T fallback, Get&& getter) noexcept {
+  if (model == nullptr) {
+    fail(XSERV_ERR_INVALID_ARGUMENT, where, "model is NULL");
+    return fallback;
+  }
+  return getter(*model);
+}
+
+xserv::SamplingParams to_sampling(const xserv_generate_params& p) {
+  xserv::SamplingParams s;
+  s.max_tokens = p.max_tokens;
+  s.temperature = p.temperature;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.min_p = p.min_p;
+  s.repetition_penalty = p.repetition_penalty;
+  s.presence_penalty = p.presence_penalty;
+  s.frequency_penalty = p.frequency_penalty;
+  if (p.seed != XSERV_SEED_RANDOM) s.seed = p.seed;
+  if (p.n_stop_strings > 0) {
+    require(p.stop_strings, "params->stop_strings");
+    for (std::size_t i = 0; i < p.n_stop_strings; ++i) {
+      const std::string name = "params->stop_strings[" + std::to_string(i) + "]";
+      s.stop_strings.emplace_back(checked_utf8(p.stop_strings[i], name.c_str()));
+    }
+  }
+  if (p.n_stop_tokens > 0) {
+    require(p.stop_tokens, "params->stop_tokens");
+    s.stop_token_ids.assign(p.stop_tokens, p.stop_tokens + p.n_stop_tokens);
+  }
+  s.ignore_eos = p.ignore_eos;
+  s.validate();
+  return s;
+}
+
+xserv_finish_reason to_finish(xserv::FinishReason r) noexcept {
+  switch (r) {
+    case xserv::FinishReason::none: return XSERV_FINISH_NONE;
+    case xserv::FinishReason::stop: return XSERV_FINISH_STOP;
+    case xserv::FinishReason::length: return XSERV_FINISH_LENGTH;
+    case xserv::FinishReason::cancelled: return XSERV_FINISH_CANCELLED;
+  }
+  return XSERV_FINISH_NONE;
+}
+
+// The integer a C caller stored in an enum field. C allows any int there, but in C++ loading
+// an enum object whose value lies outside the enumerators' range is undefined (UBSan flags it),
+// so enums that come from C are read as their underlying integer and checked.
+template <typename Enum>
+long long enum_value(const Enum& e) noexcept {
+  std::underlying_type_t<Enum> v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<long long>(v);
+}
+
+xserv::DeviceKind pick_device(long long device) {
+  switch (device) {
+    case XSERV_DEVICE_AUTO:
+      return xserv::cuda_available() ? xserv::DeviceKind::cuda : xserv::DeviceKind::cpu;
+    case XSERV_DEVICE_CPU: return xserv::DeviceKind::cpu;
+    case XSERV_DEVICE_CUDA: return xserv::DeviceKind::cuda;
+  }
+  throw_invalid("params->device is " + std::to_string(device) + ", not an xserv_device");
+}
+
+std::string_view dtype_name_c(long long d) {
+  switch (d) {
+    case XSERV_DTYPE_AUTO: return "auto";
+    case XSERV_DTYPE_F32: return "f32";
+    case XSERV_DTYPE_F16: return "f16";
+    case XSERV_DTYPE_BF16: return "bf16";
+  }
+  throw_invalid("params->dtype is " + std::to_string(d) + ", not an xserv_dtype");
+}
+
+// Thrown from the progress hook to unwind a load the host cancelled.
+struct LoadCancelled {};
+
 }  // namespace
 
 extern "C" {
@@ -21,7 +240,7 @@ extern "C" {
 const char* xserv_version(void) { return XSERV_VERSION_STRING; }
 
 const char* xserv_status_string(xserv_status status) {
-  switch (status) {
+  switch (enum_value(status)) {
     case XSERV_OK: return "ok";
     case XSERV_ERR_INVALID_ARGUMENT: return "invalid argument";
     case XSERV_ERR_NOT_FOUND: return "not found";
@@ -39,5 +258,244 @@ const char* xserv_status_string(xserv_status status) {
 }
 
 const char* xserv_last_error(void) { return g_last_error.c_str(); }
+
+void xserv_string_free(char* str) { std::free(str); }
+
+xserv_model_params xserv_model_default_params(void) {
+  xserv_model_params p;
+  std::memset(&p, 0, sizeof p);
+  p.device = XSERV_DEVICE_AUTO;
+  p.device_index = 0;
+  p.n_threads = 0;
+  p.dtype = XSERV_DTYPE_AUTO;
+  p.max_batch_tokens = 0;
+  p.progress_callback = nullptr;
+  p.progress_user_data = nullptr;
+  return p;
+}
+
+xserv_status xserv_model_load(const char* path, const xserv_model_params* params,
+                              xserv_model** out_model) {
+  if (out_model != nullptr) *out_model = nullptr;
+  return guard("xserv_model_load", [&] {
+    require(out_model, "out_model");
+    require(path, "path");
+    if (*path == '\0') throw_invalid("path is empty");
+    const xserv_model_params p = params ? *params : xserv_model_default_params();
+    if (p.n_threads < 0) throw_invalid("params->n_threads is negative");
+    if (p.max_batch_tokens < 0) throw_invalid("params->max_batch_tokens is negative");
+    if (p.device_index < 0) throw_invalid("params->device_index is negative");
+    const std::string_view wanted_dtype = dtype_name_c(enum_value(p.dtype));
+
+    auto m = std::make_unique<xserv_model>();
+    xserv::BackendOptions bo;
+    bo.threads = static_cast<std::size_t>(p.n_threads);
+    bo.device_index = p.device_index;
+    m->backend = xserv::make_backend(pick_device(enum_value(p.device)), bo);
+
+    xserv::ModelOptions mo;
+    if (p.max_batch_tokens > 0) mo.max_batch_tokens = p.max_batch_tokens;
+    bool cancelled = false;
+    if (p.progress_callback != nullptr) {
+      // Weights are most of the work; the tokenizer after them is reported as the final 1.
+      mo.on_progress = [&p, &cancelled](std::size_t done, std::size_t total) {
+        const float f = total ? 0.99f * static_cast<float>(done) / static_cast<float>(total) : 0.0f;
+        if (!p.progress_callback(f, p.progress_user_data)) {
+          cancelled = true;
+          throw LoadCancelled{};
+        }
+      };
+    }
+    try {
+      m->model = xserv::Model::load(path, *m->backend, mo);
+    } catch (const LoadCancelled&) {
+      throw_status(XSERV_ERR_CANCELLED, "cancelled by the progress callback");
+    }
+    if (cancelled) throw_status(XSERV_ERR_CANCELLED, "cancelled by the progress callback");
+    const xserv::ModelConfig& c = m->model->config();
+    const std::string_view have_dtype = xserv::dtype_name(m->model->weight_dtype());
+    if (wanted_dtype != "auto" && wanted_dtype != have_dtype)
+      throw_status(XSERV_ERR_UNSUPPORTED, "params->dtype asks for " + std::string(wanted_dtype) +
+                                              " but the checkpoint is " + std::string(have_dtype) +
+                                              " (conversion at load is not supported)");
+
+    m->tokenizer = std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(path));
+    m->generator = std::make_unique<xserv::Generator>(*m->model, m->tokenizer.get());
+    m->arch = std::string(xserv::arch_name(c.arch));
+    m->device = std::string(xserv::device_name(m->backend->device().kind));
+    m->desc = m->arch + ", " + std::to_string(c.num_layers) + " layers, " +
+              std::to_string(c.hidden_size) + " wide, " +
+              std::to_string(m->tokenizer->vocab_size()) + " tokens, " + std::string(have_dtype) +
+              " on " + m->backend->name();
+    if (p.progress_callback != nullptr && !p.progress_callback(1.0f, p.progress_user_data))
+      throw_status(XSERV_ERR_CANCELLED, "cancelled by the progress callback");
+    *out_model = m.release();
+  });
+}
+
+void xserv_model_free(xserv_model* model) { delete model; }
+
+int32_t xserv_model_n_vocab(const xserv_model* model) {
+  return get(model, "xserv_model_n_vocab", int32_t{0},
+             [](const xserv_model& m) { return static_cast<int32_t>(m.tokenizer->vocab_size()); });
+}
+int32_t xserv_model_n_ctx(const xserv_model* model) {
+  return get(model, "xserv_model_n_ctx", int32_t{0},
+             [](const xserv_model& m) { return m.model->config().max_position_embeddings; });
+}
+int32_t xserv_model_n_layer(const xserv_model* model) {
+  return get(model, "xserv_model_n_layer", int32_t{0},
+             [](const xserv_model& m) { return m.model->config().num_layers; });
+}
+int32_t xserv_model_n_embd(const xserv_model* model) {
+  return get(model, "xserv_model_n_embd", int32_t{0},
+             [](const xserv_model& m) { return m.model->config().hidden_size; });
+}
+int32_t xserv_model_n_head(const xserv_model* model) {
+  return get(model, "xserv_model_n_head", int32_t{0},
+             [](const xserv_model& m) { return m.model->config().num_heads; });
+}
+int32_t xserv_model_n_head_kv(const xserv_model* model) {
+  return get(model, "xserv_model_n_head_kv", int32_t{0},
+             [](const xserv_model& m) { return m.model->config().num_kv_heads; });
+}
+const char* xserv_model_arch(const xserv_model* model) {
+  return get(model, "xserv_model_arch", static_cast<const char*>(nullptr),
+             [](const xserv_model& m) { return m.arch.c_str(); });
+}
+const char* xserv_model_device(const xserv_model* model) {
+  return get(model, "xserv_model_device", static_cast<const char*>(nullptr),
+             [](const xserv_model& m) { return m.device.c_str(); });
+}
+const char* xserv_model_desc(const xserv_model* model) {
+  return get(model, "xserv_model_desc", static_cast<const char*>(nullptr),
+             [](const xserv_model& m) { return m.desc.c_str(); });
+}
+bool xserv_model_has_chat_template(const xserv_model* model) {
+  return get(model, "xserv_model_has_chat_template", false,
+             [](const xserv_model& m) { return m.tokenizer->has_chat_template(); });
+}
+
+xserv_status xserv_tokenize(const xserv_model* model, const char* text, bool allow_special,
+                            int32_t* tokens, size_t capacity, size_t* n_tokens) {
+  if (n_tokens != nullptr) *n_tokens = 0;
+  return guard("xserv_tokenize", [&] {
+    require(model, "model");
+    require(n_tokens, "n_tokens");
+    check_buffer(tokens, capacity, "tokens");
+    const std::string_view view = checked_utf8(text, "text");
+    std::lock_guard lock(model->mutex);
+    const std::vector<int32_t> ids = model->tokenizer->encode(view, allow_special);
+    *n_tokens = ids.size();
+    if (capacity < ids.size())
+      throw_status(XSERV_ERR_BUFFER_TOO_SMALL, "the text has " + std::to_string(ids.size()) +
+                                                   " tokens, the buffer holds " +
+                                                   std::to_string(capacity));
+    if (!ids.empty()) std::memcpy(tokens, ids.data(), ids.size() * sizeof(int32_t));
+  });
+}
+
+xserv_status xserv_detokenize(const xserv_model* model, const int32_t* tokens, size_t n_tokens,
+                              bool skip_special, char* text, size_t capacity, size_t* length) {
+  if (length != nullptr) *length = 0;
+  return guard("xserv_detokenize", [&] {
+    require(model, "model");
+    require(length, "length");
+    check_buffer(tokens, n_tokens, "tokens");
+    check_buffer(text, capacity, "text");
+    std::lock_guard lock(model->mutex);
+    // The model's embedding may have padding rows past the tokenizer's ids; both are valid ids.
+    const std::int64_t vocab =
+        std::max<std::int64_t>(model->tokenizer->vocab_size(), model->model->config().vocab_size);
+    for (std::size_t i = 0; i < n_tokens; ++i)
+      if (tokens[i] < 0 || tokens[i] >= vocab)
+        throw_invalid("tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[i]) +
+                      " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    const std::string s = model->tokenizer->decode(
+        std::span<const int32_t>(tokens, n_tokens), skip_special);
+    write_text(s, text, capacity, length);
+  });
+}
+
+xserv_status xserv_apply_chat_template(const xserv_model* model,
+                                       const xserv_chat_message* messages, size_t n_messages,
+                                       bool add_generation_prompt, bool enable_thinking,
+                                       char* text, size_t capacity, size_t* length) {
+  if (length != nullptr) *length = 0;
+  return guard("xserv_apply_chat_template", [&] {
+    require(model, "model");
+    require(length, "length");
+    check_buffer(messages, n_messages, "messages");
+    check_buffer(text, capacity, "text");
+    std::vector<xserv::Tokenizer::Message> conversation;
+    conversation.reserve(n_messages);
+    for (std::size_t i = 0; i < n_messages; ++i) {
+      const std::string at = "messages[" + std::to_string(i) + "]";
+      xserv::Tokenizer::Message msg;
+      msg.role = checked_utf8(messages[i].role, (at + ".role").c_str());
+      msg.content = checked_utf8(messages[i].content, (at + ".content").c_str());
+      conversation.push_back(std::move(msg));
+    }
+    std::lock_guard lock(model->mutex);
+    if (!model->tokenizer->has_chat_template())
+      throw_status(XSERV_ERR_UNSUPPORTED, "the model has no chat template");
+    const std::string s = model->tokenizer->apply_chat_template(
+        conversation, add_generation_prompt, enable_thinking);
+    write_text(s, text, capacity, length);
+  });
+}
+
+xserv_generate_params xserv_generate_default_params(void) {
+  xserv_generate_params p;
+  std::memset(&p, 0, sizeof p);
+  p.max_tokens = 128;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.repetition_penalty = 1.0f;
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.0f;
+  p.seed = XSERV_SEED_RANDOM;
+  p.stop_strings = nullptr;
+  p.n_stop_strings = 0;
+  p.stop_tokens = nullptr;
+  p.n_stop_tokens = 0;
+  p.ignore_eos = false;
+  return p;
+}
+
+xserv_status xserv_generate(xserv_model* model, const char* prompt,
+                            const xserv_generate_params* params, xserv_token_callback on_token,
+                            void* user_data, char** out_text) {
+  if (out_text != nullptr) *out_text = nullptr;
+  return guard("xserv_generate", [&] {
+    require(model, "model");
+    const std::string_view view = checked_utf8(prompt, "prompt");
+    if (view.empty()) throw_invalid("prompt is empty");
+    const xserv_generate_params p = params ? *params : xserv_generate_default_params();
+    const xserv::SamplingParams sampling = to_sampling(p);
+
+    std::lock_guard lock(model->mutex);
+    const std::vector<int32_t> ids = model->tokenizer->encode(view);
+    xserv::TokenCallback callback;
+    if (on_token != nullptr) {
+      // The event text is a string_view into the generator's buffer; C wants it NUL-terminated.
+      std::string scratch;
+      callback = [on_token, user_data, scratch](const xserv::TokenEvent& e) mutable {
+        scratch.assign(e.text);
+        xserv_token_event event;
+        std::memset(&event, 0, sizeof event);
+        event.token = e.token;
+        event.text = scratch.c_str();
+        event.text_len = scratch.size();
+        event.finish = to_finish(e.finish);
+        return on_token(&event, user_data);
+      };
+    }
+    const xserv::GenerationResult result = model->generator->generate(ids, sampling, callback);
+    if (out_text != nullptr) *out_text = c_string(result.text);
+  });
+}
 
 }  // extern "C"

@@ -9,12 +9,34 @@
  * - Objects are opaque handles created by xserv_*_load / xserv_*_create and released by the
  *   matching xserv_*_free (which accepts NULL).
  * - Parameter structs are filled by xserv_*_default_params() and then edited by the caller, so
- *   fields added in later versions keep old source compiling.
- * - No C++ exception, abort or C++ type crosses this boundary; every pointer is checked.
+ *   fields added in later versions keep old source compiling. Always start from the defaults.
+ * - No C++ exception, abort or C++ type crosses this boundary; every pointer is checked. A NULL
+ *   where an object is required is XSERV_ERR_INVALID_ARGUMENT, never a crash.
+ * - Text is UTF-8. Text going in must be valid UTF-8 (XSERV_ERR_INVALID_ARGUMENT otherwise).
+ * - Functions that write text or tokens into a caller buffer take (buffer, capacity, &needed):
+ *   `needed` always receives the full size; when the buffer is too small nothing useful is
+ *   written and XSERV_ERR_BUFFER_TOO_SMALL is returned, so the caller can grow it and call again.
+ *   A NULL buffer with capacity 0 is the way to ask for the size.
+ *
+ * Minimal use:
+ *
+ *   xserv_model* model = NULL;
+ *   xserv_model_params mp = xserv_model_default_params();
+ *   if (xserv_model_load("path/to/model", &mp, &model) != XSERV_OK) {
+ *     fprintf(stderr, "%s\n", xserv_last_error());
+ *     return 1;
+ *   }
+ *   xserv_generate_params gp = xserv_generate_default_params();
+ *   gp.max_tokens = 64;
+ *   char* text = NULL;
+ *   if (xserv_generate(model, "ROMEO:", &gp, NULL, NULL, &text) == XSERV_OK) puts(text);
+ *   xserv_string_free(text);
+ *   xserv_model_free(model);
  */
 #ifndef XSERV_H
 #define XSERV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +55,9 @@
 #define XSERV_VERSION_PATCH 0
 /* The ABI version: the N of libxserv.so.N. Raised only when the ABI breaks. */
 #define XSERV_ABI_VERSION 0
+
+/* xserv_generate_params.seed value meaning "draw a fresh seed for every call". */
+#define XSERV_SEED_RANDOM UINT64_MAX
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,6 +79,8 @@ typedef enum xserv_status {
   XSERV_ERR_INTERNAL = 11         /* a bug in xserv: please report it */
 } xserv_status;
 
+/* ---- library -------------------------------------------------------------------------- */
+
 /* "0.1.0". Static storage; thread-safe. */
 XSERV_API const char* xserv_version(void);
 
@@ -61,8 +88,187 @@ XSERV_API const char* xserv_version(void);
 XSERV_API const char* xserv_status_string(xserv_status status);
 
 /* The message of the last failed call on this thread ("" when none). Valid until the next
- * xserv call on the same thread. Thread-safe: each thread has its own. */
+ * xserv call on the same thread. Thread-safe: each thread has its own. A successful call does
+ * not clear it; look at it only after a call returned an error. */
 XSERV_API const char* xserv_last_error(void);
+
+/* Frees a string the library allocated (xserv_generate's out_text). NULL is a no-op. */
+XSERV_API void xserv_string_free(char* str);
+
+/* ---- models --------------------------------------------------------------------------- */
+
+/* A loaded model: weights on a device, its tokenizer and its chat template. Opaque. */
+typedef struct xserv_model xserv_model;
+
+typedef enum xserv_device {
+  XSERV_DEVICE_AUTO = 0, /* CUDA when this build has it and a GPU is visible, else the CPU */
+  XSERV_DEVICE_CPU = 1,
+  XSERV_DEVICE_CUDA = 2
+} xserv_device;
+
+typedef enum xserv_dtype {
+  XSERV_DTYPE_AUTO = 0, /* the checkpoint's own dtype */
+  XSERV_DTYPE_F32 = 1,
+  XSERV_DTYPE_F16 = 2,
+  XSERV_DTYPE_BF16 = 3
+} xserv_dtype;
+
+/* Called while a model loads with the fraction done in [0, 1] (the last call has 1). Return
+ * true to go on, false to cancel the load (xserv_model_load then returns XSERV_ERR_CANCELLED).
+ * Runs on the thread that called xserv_model_load. */
+typedef bool (*xserv_progress_callback)(float progress, void* user_data);
+
+typedef struct xserv_model_params {
+  xserv_device device;     /* default XSERV_DEVICE_AUTO */
+  int32_t device_index;    /* which GPU for XSERV_DEVICE_CUDA; default 0 */
+  int32_t n_threads;       /* CPU worker threads; 0 (default) = all hardware threads */
+  /* Weight dtype. AUTO (default) keeps the checkpoint's; another value must equal it in this
+   * version (converting at load is XSERV_ERR_UNSUPPORTED). */
+  xserv_dtype dtype;
+  int32_t max_batch_tokens; /* tokens one forward may hold (prefill chunk); 0 = default (512) */
+  xserv_progress_callback progress_callback; /* NULL: none */
+  void* progress_user_data;                  /* passed to progress_callback */
+} xserv_model_params;
+
+/* The defaults (see each field). Thread-safe. */
+XSERV_API xserv_model_params xserv_model_default_params(void);
+
+/* Loads the Hugging Face model directory `path` (config.json, *.safetensors, tokenizer.json or
+ * vocab.json + merges.txt, optionally tokenizer_config.json and generation_config.json).
+ * `params` may be NULL for the defaults. On success *out_model owns the model (release it with
+ * xserv_model_free); on failure *out_model is set to NULL.
+ * Errors: INVALID_ARGUMENT (NULL path or out_model, bad params), NOT_FOUND (no such directory
+ * or a required file missing), IO, FORMAT (corrupt files; the message names file and field),
+ * UNSUPPORTED (architecture, dtype or device this build cannot run), OUT_OF_MEMORY, CUDA,
+ * CANCELLED (the progress callback returned false). Thread-safe. */
+XSERV_API xserv_status xserv_model_load(const char* path, const xserv_model_params* params,
+                                        xserv_model** out_model);
+
+/* Releases a model and everything it holds. NULL is a no-op. Must not run concurrently with
+ * another call on the same model. */
+XSERV_API void xserv_model_free(xserv_model* model);
+
+/* Model facts. A NULL model returns 0 (or NULL for strings) and sets the last error.
+ * Strings are owned by the model and valid until xserv_model_free. Thread-safe. */
+XSERV_API int32_t xserv_model_n_vocab(const xserv_model* model);  /* tokenizer vocab size */
+XSERV_API int32_t xserv_model_n_ctx(const xserv_model* model);    /* max positions */
+XSERV_API int32_t xserv_model_n_layer(const xserv_model* model);
+XSERV_API int32_t xserv_model_n_embd(const xserv_model* model);
+XSERV_API int32_t xserv_model_n_head(const xserv_model* model);
+XSERV_API int32_t xserv_model_n_head_kv(const xserv_model* model);
+XSERV_API const char* xserv_model_arch(const xserv_model* model);   /* "gpt2", "qwen3" */
+XSERV_API const char* xserv_model_device(const xserv_model* model); /* "cpu", "cuda" */
+/* One line for humans: "gpt2, 6 layers, 384 wide, 50257 tokens, f16 on cpu". */
+XSERV_API const char* xserv_model_desc(const xserv_model* model);
+/* True when the model's tokenizer_config.json has a chat template (false for NULL). */
+XSERV_API bool xserv_model_has_chat_template(const xserv_model* model);
+
+/* ---- tokenizer ------------------------------------------------------------------------ */
+
+/* Encodes NUL-terminated UTF-8 `text` exactly as Hugging Face tokenizers does. No BOS/EOS is
+ * added. With allow_special, special tokens written in the text (such as "<|endoftext|>" or
+ * "<|im_start|>") become their ids; without it they are encoded as ordinary text, so untrusted
+ * input cannot inject them. Writes up to `capacity` ids to `tokens` and the full count to
+ * *n_tokens.
+ * Errors: INVALID_ARGUMENT (NULL model/text/n_tokens, NULL tokens with capacity > 0, invalid
+ * UTF-8), BUFFER_TOO_SMALL (capacity < *n_tokens). Thread-safe (calls on one model are
+ * serialized). */
+XSERV_API xserv_status xserv_tokenize(const xserv_model* model, const char* text,
+                                      bool allow_special, int32_t* tokens, size_t capacity,
+                                      size_t* n_tokens);
+
+/* Decodes ids to text as Hugging Face tokenizers does. With skip_special, special tokens (such
+ * as "<|im_end|>") are left out. Writes the text and a terminating NUL into `text` (capacity
+ * bytes including the NUL) and the text length without the NUL to *length. The text is valid
+ * UTF-8: bytes of a character that the ids cut off become U+FFFD. Ids of the model's padding
+ * rows (>= the tokenizer's vocabulary, < the model's) decode to nothing.
+ * Errors: INVALID_ARGUMENT (NULL model/length, NULL tokens with n_tokens > 0, NULL text with
+ * capacity > 0, a negative id or one past the model's vocabulary), BUFFER_TOO_SMALL
+ * (capacity < *length + 1).
+ * Thread-safe. */
+XSERV_API xserv_status xserv_detokenize(const xserv_model* model, const int32_t* tokens,
+                                        size_t n_tokens, bool skip_special, char* text,
+                                        size_t capacity, size_t* length);
+
+/* One message of a conversation. role: "system", "user" or "assistant". */
+typedef struct xserv_chat_message {
+  const char* role;
+  const char* content;
+} xserv_chat_message;
+
+/* Renders a conversation with the model's chat template (Qwen3: ChatML) into the prompt text,
+ * byte for byte as transformers' apply_chat_template does. add_generation_prompt appends the
+ * assistant header; enable_thinking = false adds Qwen3's empty <think></think> block. Output
+ * convention as xserv_detokenize.
+ * Errors: INVALID_ARGUMENT (NULL model/length, NULL messages with n_messages > 0, a NULL role
+ * or content, invalid UTF-8, a role the template rejects), UNSUPPORTED (the model has no chat
+ * template: see xserv_model_has_chat_template), BUFFER_TOO_SMALL. Thread-safe. */
+XSERV_API xserv_status xserv_apply_chat_template(const xserv_model* model,
+                                                 const xserv_chat_message* messages,
+                                                 size_t n_messages, bool add_generation_prompt,
+                                                 bool enable_thinking, char* text,
+                                                 size_t capacity, size_t* length);
+
+/* ---- generation ----------------------------------------------------------------------- */
+
+typedef enum xserv_finish_reason {
+  XSERV_FINISH_NONE = 0,     /* still running */
+  XSERV_FINISH_STOP = 1,     /* an end-of-sequence id, a stop token or a stop string */
+  XSERV_FINISH_LENGTH = 2,   /* max_tokens or the model's context length */
+  XSERV_FINISH_CANCELLED = 3 /* the token callback returned false */
+} xserv_finish_reason;
+
+typedef struct xserv_generate_params {
+  int32_t max_tokens;       /* generated tokens at most; default 128 */
+  float temperature;        /* 0 = greedy; default 1 */
+  int32_t top_k;            /* 0 = off (default) */
+  float top_p;              /* 1 = off (default); in (0, 1] */
+  float min_p;              /* 0 = off (default); in [0, 1] */
+  float repetition_penalty; /* HF semantics over prompt + output; 1 = off (default) */
+  float presence_penalty;   /* OpenAI semantics over the output; 0 = off (default) */
+  float frequency_penalty;  /* OpenAI semantics over the output; 0 = off (default) */
+  uint64_t seed;            /* same seed, prompt and model: same text; default XSERV_SEED_RANDOM */
+  /* Generation ends before the first occurrence of any of these strings; the stop string is
+   * not part of the output. The array and strings are read during the call only. */
+  const char* const* stop_strings;
+  size_t n_stop_strings;
+  const int32_t* stop_tokens; /* extra ids that end generation (besides the model's eos) */
+  size_t n_stop_tokens;
+  bool ignore_eos;            /* keep going past the model's end-of-sequence ids */
+} xserv_generate_params;
+
+/* The defaults (see each field). Thread-safe. */
+XSERV_API xserv_generate_params xserv_generate_default_params(void);
+
+/* One generated token, as the token callback sees it. The pointer and `text` are valid during
+ * the callback only. Fields may be added at the end in later versions. */
+typedef struct xserv_token_event {
+  int32_t token;              /* the generated id */
+  const char* text;           /* text that became safe to show with this token: only whole UTF-8
+                                 characters, nothing that may start a stop string; may be empty */
+  size_t text_len;            /* bytes in text (text is also NUL-terminated) */
+  xserv_finish_reason finish; /* NONE, or why generation ends with this event */
+} xserv_token_event;
+
+/* Called for every generated token on the thread running xserv_generate. Return true to go on,
+ * false to stop generation (the call then ends normally with the text so far). It must not
+ * free the model; it may call the tokenizer functions on the same model. */
+typedef bool (*xserv_token_callback)(const xserv_token_event* event, void* user_data);
+
+/* Generates a continuation of the NUL-terminated UTF-8 `prompt` (raw text: to chat, render the
+ * prompt with xserv_apply_chat_template first), blocking until it ends. `params` may be NULL
+ * for the defaults; `on_token` may be NULL. When out_text is not NULL it receives the whole
+ * generated text (no stop string), allocated by the library: free it with xserv_string_free.
+ * On failure *out_text is NULL. A callback that returns false makes the call return XSERV_OK
+ * with the text generated so far.
+ * Errors: INVALID_ARGUMENT (NULL model or prompt, invalid UTF-8, an empty prompt, absurd
+ * params naming the field, a prompt longer than the context), RESOURCE_EXHAUSTED, OUT_OF_MEMORY,
+ * CUDA. Thread-safe: calls on one model are serialized (use one model per thread to generate
+ * in parallel). */
+XSERV_API xserv_status xserv_generate(xserv_model* model, const char* prompt,
+                                      const xserv_generate_params* params,
+                                      xserv_token_callback on_token, void* user_data,
+                                      char** out_text);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,45 @@
+# Compares the dynamic symbols libxserv.so defines with the committed list capi/xserv.symbols.
+cmake_minimum_required(VERSION 3.25)
+# A difference is an ABI change: a symbol added must be added to the list (and documented in
+# xserv.h), a symbol removed or renamed breaks every existing user and needs a new SONAME.
+# Usage: cmake -DNM=nm -DLIBRARY=libxserv.so -DEXPECTED=capi/xserv.symbols -P check_symbols.cmake
+execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY}
+                OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} -D --defined-only ${LIBRARY} failed (${rc})")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+set(actual "")
+foreach(line IN LISTS lines)
+  # "0000000000012340 T xserv_version" — the name is the last field.
+  if(line MATCHES "([^ ]+)$")
+    list(APPEND actual "${CMAKE_MATCH_1}")
+  endif()
+endforeach()
+list(SORT actual)
+list(REMOVE_DUPLICATES actual)
+
+file(STRINGS ${EXPECTED} expected REGEX "^[^#]")
+list(SORT expected)
+
+set(ok TRUE)
+foreach(s IN LISTS actual)
+  if(NOT s IN_LIST expected)
+    message(SEND_ERROR "exported but not in ${EXPECTED}: ${s}")
+    set(ok FALSE)
+  endif()
+  if(NOT s MATCHES "^xserv_")
+    message(SEND_ERROR "exported symbol without the xserv_ prefix: ${s}")
+    set(ok FALSE)
+  endif()
+endforeach()
+foreach(s IN LISTS expected)
+  if(NOT s IN_LIST actual)
+    message(SEND_ERROR "in ${EXPECTED} but not exported: ${s}")
+    set(ok FALSE)
+  endif()
+endforeach()
+if(ok)
+  list(LENGTH actual n)
+  message(STATUS "libxserv exports exactly the ${n} symbols of ${EXPECTED}")
+endif()
