@@ -173,8 +173,14 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
 
   const KernelTable& kt = *kernels_;
   const std::int32_t group = heads.n_q_heads / heads.n_kv_heads;
-  const std::int64_t tasks = t_count * heads.n_kv_heads;
   const auto workers = static_cast<std::int64_t>(pool_.size());
+  // Tasks are (row, range of kv heads): all heads of a row in one task reads each cached slot
+  // as one contiguous run, so rows are split into head ranges only as far as needed to give
+  // every thread work (decode of a few sequences).
+  const std::int64_t splits =
+      std::clamp<std::int64_t>((2 * workers + t_count - 1) / std::max<std::int64_t>(t_count, 1),
+                               1, heads.n_kv_heads);
+  const std::int64_t tasks = t_count * splits;
   // Tasks are dealt round-robin: in a prefill later rows see more keys, so contiguous ranges
   // would leave the first threads idle.
   pool_.parallel_for(static_cast<std::size_t>(std::min(workers, tasks)),
@@ -182,12 +188,15 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     std::vector<float> scratch;
     for (auto w = static_cast<std::int64_t>(b); w < static_cast<std::int64_t>(e); ++w)
       for (std::int64_t task = w; task < tasks; task += workers) {
-        const std::int64_t t = task / heads.n_kv_heads, h = task % heads.n_kv_heads;
+        const std::int64_t t = task / splits, part = task % splits;
+        const std::int64_t h = heads.n_kv_heads * part / splits;
+        const std::int64_t h_end = heads.n_kv_heads * (part + 1) / splits;
         const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
         AttentionTask at;
         at.q = qkv.as<const float>() + t * width + h * group * d;
         at.out = out.as<float>() + t * q_width + h * group * d;
         at.group = group;
+        at.kv_heads = static_cast<std::int32_t>(h_end - h);
         at.head_dim = heads.head_dim;
         at.n_keys = pos[t] + 1;
         at.block_table = tables + s * max_blocks;

@@ -31,16 +31,19 @@ struct GemmProblem {
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
 inline constexpr std::int64_t gemv_max_rows = 8;
 
-// Attention of one row's query heads of one KV group over keys [0, n_keys) of its sequence.
+// Attention of one row's query heads of `kv_heads` consecutive KV groups over keys
+// [0, n_keys) of its sequence. Taking several kv heads per task turns the strided per-head cache
+// reads into contiguous runs of each slot (decode is bound by reading the cache).
 struct AttentionTask {
-  const float* q = nullptr;  // [group, head_dim], heads head_dim apart
-  float* out = nullptr;      // [group, head_dim]
-  std::int32_t group = 1;    // q heads sharing this kv head
+  const float* q = nullptr;  // [kv_heads * group, head_dim], heads head_dim apart
+  float* out = nullptr;      // [kv_heads * group, head_dim]
+  std::int32_t group = 1;    // q heads sharing one kv head
+  std::int32_t kv_heads = 1;
   std::int32_t head_dim = 0;
   std::int32_t n_keys = 0;
   const std::int32_t* block_table = nullptr;  // the sequence's blocks
   std::int32_t block_size = 0;
-  const float* k_cache = nullptr;  // points at kv head h of slot 0
+  const float* k_cache = nullptr;  // points at the first kv head of slot 0
   const float* v_cache = nullptr;
   std::int64_t slot_stride = 0;  // floats between consecutive slots (n_kv_heads * head_dim)
   float scale = 1.0f;
@@ -49,7 +52,7 @@ struct AttentionTask {
 // Scratch (floats, per calling thread) the kernels need.
 inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
-  return static_cast<std::int64_t>(t.group) * (t.head_dim + t.block_size + 2);
+  return static_cast<std::int64_t>(t.group) * t.kv_heads * (t.head_dim + t.block_size + 2);
 }
 
 struct KernelTable {
