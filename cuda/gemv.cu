@@ -64,40 +64,57 @@ __device__ __forceinline__ void finish(OutT* o, float v, const float b, float be
 template <typename T, int M, typename OutT>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(OutT* out, std::int64_t ldo, const T* a,
                                                                  const T* w, const T* bias,
-                                                                 float beta, int n, int k) {
+                                                                 float beta, int n, int k, int wpr) {
   constexpr int V = vec_of<T>;
+  __shared__ float red[warps][M];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int col = blockIdx.x * warps + warp;
-  if (col >= n) return;
-  const T* wr = w + static_cast<std::int64_t>(col) * k;
+  // wpr warps share a column (small N: more warps in flight), each taking every wpr-th vector.
+  const int col = blockIdx.x * (warps / wpr) + warp / wpr, part = warp % wpr;
+  const bool active = col < n;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  constexpr int step = 32 * V;  // elements a warp covers per load
-  auto fma_rows = [&](uint4 wv, int k0) {
-    float wf[V];
-    unpack<T>(wv, wf);
+  if (active) {
+    const T* wr = w + static_cast<std::int64_t>(col) * k;
+    const int step = wpr * 32 * V;  // elements the column's warps cover per load
+    auto fma_rows = [&](uint4 wv, int k0) {
+      float wf[V];
+      unpack<T>(wv, wf);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float af[V];
-      unpack<T>(*reinterpret_cast<const uint4*>(a + static_cast<std::int64_t>(m) * k + k0), af);
+      for (int m = 0; m < M; ++m) {
+        float af[V];
+        unpack<T>(*reinterpret_cast<const uint4*>(a + static_cast<std::int64_t>(m) * k + k0), af);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[m] += wf[i] * af[i];
+        for (int i = 0; i < V; ++i) acc[m] += wf[i] * af[i];
+      }
+    };
+    int k0 = (part * 32 + lane) * V;
+    // Four independent 16-byte weight loads per lane before any arithmetic.
+    for (; k0 + 3 * step < k; k0 += 4 * step) {
+      uint4 wv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + k0 + u * step);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) fma_rows(wv[u], k0 + u * step);
     }
-  };
-  int k0 = lane * V;
-  // Four independent 16-byte weight loads per lane before any arithmetic.
-  for (; k0 + 3 * step < k; k0 += 4 * step) {
-    uint4 wv[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + k0 + u * step);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) fma_rows(wv[u], k0 + u * step);
+    for (; k0 < k; k0 += step) fma_rows(load_stream(wr + k0), k0);
   }
-  for (; k0 < k; k0 += step) fma_rows(load_stream(wr + k0), k0);
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
-  if (lane == 0) {
+  if (wpr > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; ++m) red[warp][m] = acc[m];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float s = 0.0f;
+      for (int p = 0; p < wpr; ++p) s += red[warp + p][m];  // fixed order: deterministic
+      acc[m] = s;
+    }
+  }
+  if (lane == 0 && active) {
     const float b = bias ? to_f32(bias[col]) : 0.0f;
 #pragma unroll
     for (int m = 0; m < M; ++m) finish(out + static_cast<std::int64_t>(m) * ldo + col, acc[m], b, beta);
@@ -212,27 +229,32 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 template <typename T, typename OutT, int M>
 void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, const T* a, const T* w,
               const T* bias, float beta, int n, int k, const InOutShape& sh, float* partial,
-              unsigned* tickets) {
+              unsigned* tickets, int sm_count) {
   if (in_out) {
     gemv_in_out_kernel<T, M, OutT><<<dim3(sh.tiles, sh.parts), warps * 32, 0, stream>>>(
         out, ldo, a, w, bias, beta, n, k, sh.chunk, partial, tickets);
   } else {
-    gemv_out_in_kernel<T, M, OutT><<<(n + warps - 1) / warps, warps * 32, 0, stream>>>(
-        out, ldo, a, w, bias, beta, n, k);
+    // Warps per column: enough warps to fill the GPU (about 32 per SM) while each still streams
+    // at least two vectors of its column.
+    int wpr = 1;
+    while (wpr < warps && n * wpr < 32 * sm_count && k >= 2 * 32 * vec_of<T> * wpr * 2) wpr *= 2;
+    const int cols_per_block = warps / wpr;
+    gemv_out_in_kernel<T, M, OutT><<<(n + cols_per_block - 1) / cols_per_block, warps * 32, 0, stream>>>(
+        out, ldo, a, w, bias, beta, n, k, wpr);
   }
 }
 
 template <typename T, typename OutT>
 void launch_typed(cudaStream_t stream, bool in_out, void* out, std::int64_t ldo, const void* a,
                   const void* w, const void* bias, float beta, int m, int n, int k,
-                  const InOutShape& sh, float* partial, unsigned* tickets) {
+                  const InOutShape& sh, float* partial, unsigned* tickets, int sm_count) {
   auto* o = static_cast<OutT*>(out);
   auto* at = static_cast<const T*>(a);
   auto* wt = static_cast<const T*>(w);
   auto* bt = static_cast<const T*>(bias);
   switch (m) {
 #define XSERV_GEMV_CASE(M) \
-  case M: launch_m<T, OutT, M>(stream, in_out, o, ldo, at, wt, bt, beta, n, k, sh, partial, tickets); break;
+  case M: launch_m<T, OutT, M>(stream, in_out, o, ldo, at, wt, bt, beta, n, k, sh, partial, tickets, sm_count); break;
     XSERV_GEMV_CASE(1)
     XSERV_GEMV_CASE(2)
     XSERV_GEMV_CASE(3)
@@ -279,11 +301,11 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
   const InOutShape sh = in_out ? in_out_shape(dt, n, k, sm_count) : InOutShape{0, 1, 0};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (dt == DType::f32) {
-    launch_typed<float, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets);
+    launch_typed<float, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
   } else if (out_dt == DType::f32) {
-    launch_typed<bf16, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets);
+    launch_typed<bf16, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
   } else {
-    launch_typed<bf16, bf16>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets);
+    launch_typed<bf16, bf16>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

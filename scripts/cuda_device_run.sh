@@ -53,6 +53,43 @@ if [ "$stage" = check ]; then
   }" | tee "$OUT/bench_small.txt"
   echo "== transformers"
   timeout 60 python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
+elif [ "$stage" = final ]; then
+  echo "== [cuda] tests"
+  timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
+  echo "== checkpoints"
+  timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
+  cat /tmp/models/qwen3-8b/*.safetensors >/dev/null  # in the page cache, as the load goal says
+  echo "== benchmarks"
+  timeout 150 bash -c "$(declare -f bench); bin=$bin; {
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
+    bench /tmp/models/qwen3-8b --prompt-len 512 --gen-len 2 --batch 1
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 16,64 --repeat 1
+    bench /tmp/models/gpt2 --prompt-len 128 --gen-len 128 --batch 1,16
+    bench /tmp/models/qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1,16,64
+  }" | tee "$OUT/bench_final.txt"
+  echo "== kernel times, Qwen3-8B decode (ncu, two layers of a decode-shaped step)"
+  echo "[5]" >/tmp/p.txt  # one token: the prefill is a decode-shaped step (GEMV, split-KV attention)
+  timeout 90 ncu --clock-control none --launch-skip 43 --launch-count 28 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv /tmp/b/tests/cuda/xserv_logits_dump -m /tmp/models/qwen3-8b --prompts /tmp/p.txt --out /tmp/ncu --gen 2 \
+    >"$OUT/ncu.csv" 2>&1
+  python3 - "$OUT/ncu.csv" <<'PY' || tail -5 "$OUT/ncu.csv"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; ix = {h: i for i, h in enumerate(hdr)}
+k = collections.OrderedDict()
+for r in rows[1:]:
+    name = r[ix["Kernel Name"]][:60]
+    k.setdefault((r[ix["ID"]], name), {})[r[ix["Metric Name"]]] = (r[ix["Metric Value"]], r[ix["Metric Unit"]])
+for (i, name), m in k.items():
+    t = m.get("gpu__time_duration.sum", ("?", ""))
+    b = m.get("dram__bytes_read.sum", ("?", ""))
+    p = m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed", ("?", ""))
+    print(f"{name:60s} {t[0]:>10s} {t[1]:4s} {b[0]:>10s} {b[1]:6s} {p[0]:>6s}%")
+PY
+  echo "== parity (with HF float32 references for bf16)"
+  timeout 200 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_final.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b /tmp/models/qwen3-8b 2>&1 | grep -v -i "warn\|Loading" | tail -8
 else
   echo "== [cuda] tests"
   timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1

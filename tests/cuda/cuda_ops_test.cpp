@@ -92,7 +92,8 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
   struct Case {
     std::int64_t m, k, n;
   };
-  const Case cases[] = {{1, 64, 64}, {1, 1024, 3072}, {7, 320, 200}, {64, 768, 2304}, {130, 512, 96}};
+  const Case cases[] = {{1, 64, 64},     {1, 1024, 3072}, {7, 320, 200},
+                        {2, 4096, 96},   {64, 768, 2304}, {130, 512, 96}};
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
