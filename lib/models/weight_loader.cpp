@@ -1,6 +1,9 @@
 #include "models/weight_loader.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -86,24 +89,45 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
 
 void WeightLoader::fill_dummy(Entry& e, std::size_t index) {
   const auto n = static_cast<std::size_t>(e.shape.numel());
+  const std::size_t elem = dtype_size(dummy_dtype_);
+  // CPU memory is filled in place; other devices get a host staging copy (not zeroed first).
+  Buffer& b = owned_.emplace_back(backend_.allocator(), n * elem);
+  const bool host = backend_.device().kind == DeviceKind::cpu;
+  std::unique_ptr<std::uint8_t[]> staging(host ? nullptr : new std::uint8_t[n * elem]);
+  std::uint8_t* out = host ? static_cast<std::uint8_t*>(b.data()) : staging.get();
   // Uniform values of std 0.02 (GPT-2's init) keep activations of deep random models finite.
   const float scale = 0.02f * std::sqrt(3.0f);
-  std::vector<float> values(n);
-  std::uint64_t state = mix(seed_ ^ mix(index + 1));
-  for (std::size_t i = 0; i < n; ++i) {
-    state = mix(state);
-    float u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
-    switch (e.init) {
-      case DummyInit::normal: values[i] = u * scale; break;
-      case DummyInit::ones: values[i] = 1.0f + 0.1f * u; break;
-      case DummyInit::bias: values[i] = 0.1f * u * scale; break;
+  const std::uint64_t key = mix(seed_ ^ mix(index + 1));
+  const DummyInit init = e.init;
+  const DType dtype = dummy_dtype_;
+  // Each value hashes (key, i), so the result does not depend on how the range is split; the
+  // split over threads matters for multi-GB models (Qwen3-8B has 8e9 values to make).
+  auto fill = [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::uint64_t h = mix(key + i * 0x9E3779B97F4A7C15ull);
+      const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+      float v = init == DummyInit::ones ? 1.0f + 0.1f * u
+                : init == DummyInit::bias ? 0.1f * u * scale
+                                          : u * scale;
+      convert_from_f32(&v, out + i * elem, dtype, 1);
     }
+  };
+  const std::size_t threads =
+      n < (1u << 20) ? 1 : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 32);
+  if (threads == 1) {
+    fill(0, n);
+  } else {
+    std::vector<std::thread> pool;
+    const std::size_t chunk = (n + threads - 1) / threads;
+    for (std::size_t t = 0; t < threads; ++t)
+      pool.emplace_back(fill, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+    for (auto& th : pool) th.join();
   }
-  std::vector<std::uint8_t> bytes(n * dtype_size(dummy_dtype_));
-  convert_from_f32(values.data(), bytes.data(), dummy_dtype_, n);
-  Buffer& b = owned_.emplace_back(backend_.allocator(), bytes.size());
   *e.dst = Tensor(b.data(), dummy_dtype_, e.shape, backend_.device());
-  backend_.upload(*e.dst, bytes.data());
+  if (!host) {
+    backend_.upload(*e.dst, staging.get());
+    backend_.synchronize();  // `staging` is freed on return; an upload may still be reading it
+  }
 }
 
 }  // namespace xserv
