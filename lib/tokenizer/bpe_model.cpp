@@ -200,6 +200,18 @@ void BpeModel::merge_long(std::vector<std::int32_t>& ids) const {
   ids.resize(out);
 }
 
+void BpeModel::encode_words(std::span<const std::string_view> words, std::vector<std::int32_t>& out) const {
+  // Cache slots are likely cache misses; prefetching a few words ahead overlaps them.
+  constexpr std::size_t kAhead = 6;
+  const std::size_t n = words.size();
+  for (std::size_t i = 0; i < n && i < kAhead; ++i)
+    __builtin_prefetch(&cache_[hash_word(words[i]) & (kCacheSlots - 1)]);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&cache_[hash_word(words[i + kAhead]) & (kCacheSlots - 1)]);
+    encode_word(words[i], out);
+  }
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out) const {
   if (word.empty()) return;
   if (word.size() == 1) {

@@ -2,9 +2,10 @@
 // applying the merges in rank order, exactly as Hugging Face `tokenizers` does.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -32,6 +33,8 @@ class BpeModel {
 
   // Appends the ids of one pre-token. Thread-safe (the word cache is locked).
   void encode_word(std::string_view word, std::vector<std::int32_t>& out) const;
+  // The same for consecutive pre-tokens (prefetches their cache slots ahead).
+  void encode_words(std::span<const std::string_view> words, std::vector<std::int32_t>& out) const;
 
   // Number of cached words (for tests).
   std::size_t cache_size() const;

@@ -172,7 +172,7 @@ void Tokenizer::Impl::encode_words(std::string_view text, std::vector<std::int32
     for (auto piece : pieces) splitters[s].split(piece, next);
     pieces.swap(next);
   }
-  for (auto word : pieces) bpe->encode_word(word, ids);
+  bpe->encode_words(pieces, ids);
 }
 
 void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<std::int32_t>& ids) const {
