@@ -6,8 +6,9 @@
 // [num_blocks, block_size, ...] pool is addressed linearly).
 // RoPE follows HF: inv_freq computed on the host in f32, angle = f32(position) * inv_freq[i],
 // cosf/sinf in f32, out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin.
-// Launch: one block per row, 8 warps; warp w handles heads w, w + 8, ...; a head's values are
-// staged in shared memory so the rotation can pair any two lanes.
+// Launch: grid (rows, ceil(heads / 8)), 8 warps, one head per warp (a decode step spreads its
+// heads over several SMs); a head's values are staged in shared memory so the rotation can pair
+// any two lanes.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -29,7 +30,7 @@ __global__ void qk_transform_store_kernel(const QkTransformParams p) {
   const int total = p.n_q_heads + 2 * p.n_kv_heads;
   float* s = stage[warp];
 
-  for (int head = warp; head < total; head += warps) {
+  for (int head = blockIdx.y * warps + warp; head < total; head += warps * gridDim.y) {
     T* src = qkv_row + static_cast<std::int64_t>(head) * D;
     if (head >= p.n_q_heads + p.n_kv_heads) {  // v: straight to the cache
       const int kvh = head - p.n_q_heads - p.n_kv_heads;
@@ -78,10 +79,11 @@ __global__ void qk_transform_store_kernel(const QkTransformParams p) {
 
 void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformParams& p) {
   if (p.rows == 0) return;
+  const dim3 grid(p.rows, (p.n_q_heads + 2 * p.n_kv_heads + warps - 1) / warps);
   if (dt == DType::f32) {
-    qk_transform_store_kernel<float><<<p.rows, warps * 32, 0, stream>>>(p);
+    qk_transform_store_kernel<float><<<grid, warps * 32, 0, stream>>>(p);
   } else {
-    qk_transform_store_kernel<__nv_bfloat16><<<p.rows, warps * 32, 0, stream>>>(p);
+    qk_transform_store_kernel<__nv_bfloat16><<<grid, warps * 32, 0, stream>>>(p);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }
