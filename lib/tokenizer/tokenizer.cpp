@@ -61,6 +61,10 @@ std::shared_ptr<const Tokenizer::Impl> build_tokenizer(TokenizerSpec spec) {
   for (const auto& [s, id] : spec.vocab) max_id = std::max(max_id, id);
   for (const auto& t : spec.added) max_id = std::max(max_id, t.id);
   XSERV_CHECK(max_id >= 0, ErrorCode::format, "{}: empty vocabulary", spec.source);
+  // Tables are indexed by id: refuse ids so sparse that a corrupt file would allocate gigabytes.
+  const std::size_t listed = spec.vocab.size() + spec.added.size();
+  XSERV_CHECK(static_cast<std::size_t>(max_id) < 4 * listed + 4096, ErrorCode::format,
+              "{}: token id {} is far beyond the {} tokens listed", spec.source, max_id, listed);
   const auto n = static_cast<std::size_t>(max_id) + 1;
   impl->token_text.resize(n);
   impl->token_bytes.resize(n);

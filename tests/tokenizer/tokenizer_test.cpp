@@ -298,6 +298,17 @@ TEST_CASE("load errors", "[tokenizer]") {
   } catch (const xserv::Error& e) {
     CHECK(e.code() == xserv::ErrorCode::format);
   }
+  {
+    std::ofstream(dir / "tokenizer.json")
+        << R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []},)"
+        << R"( "pre_tokenizer": {"type": "ByteLevel"}})";
+  }
+  try {
+    (void)Tokenizer::load(dir.string());
+    FAIL("loaded");
+  } catch (const xserv::Error& e) {
+    CHECK(e.code() == xserv::ErrorCode::format);
+  }
   std::filesystem::remove_all(dir);
 }
 
