@@ -533,7 +533,7 @@ TEST_CASE("cpu upload_batch copies the batch and ForwardBatch::validate checks i
   REQUIRE(db.block_tables.shape == Shape{4});
 }
 
-TEST_CASE("make_backend gives the CPU backend; CUDA is reported honestly", "[cpu]") {
+TEST_CASE("make_backend gives the CPU backend, and CUDA is reported honestly", "[cpu]") {
   auto be = make_backend(DeviceKind::cpu, BackendOptions{2, 0});
   REQUIRE(be->device().kind == DeviceKind::cpu);
   REQUIRE(be->activation_dtype(DType::bf16) == DType::f32);
