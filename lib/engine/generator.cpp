@@ -1,6 +1,7 @@
 #include "engine/generator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <random>
@@ -9,6 +10,16 @@
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv {
+
+namespace {
+// Decode recordings (Backend::run_graph) hold a KV pool's addresses, and a later pool of this or
+// another Generator on the same backend may land at the same address: every pool gets a
+// process-unique epoch, part of the recording's key.
+std::uint64_t next_cache_epoch() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
 
 std::string_view finish_reason_name(FinishReason r) noexcept {
   switch (r) {
@@ -86,10 +97,12 @@ Generator::Generator(Model& model, const Tokenizer* tokenizer, const GeneratorOp
   XSERV_CHECK(options.block_size > 0 && options.block_size <= 1024, ErrorCode::invalid_argument,
               "generator: block size {}", options.block_size);
   eos_ids_ = load_eos_token_ids(model.dir(), model.config());
-  if (options.kv_memory_bytes > 0)
+  if (options.kv_memory_bytes > 0) {
     cache_ = std::make_unique<kv::KvCache>(
         model.backend(), model.kv_spec(),
         kv::KvCacheOptions{options.block_size, 0, options.kv_memory_bytes});
+    cache_epoch_ = next_cache_epoch();
+  }
 }
 
 Generator::~Generator() = default;
@@ -107,7 +120,7 @@ void Generator::ensure_cache(std::int64_t blocks_needed, std::int64_t largest) {
   }
   if (cache_ && cache_->num_blocks() >= blocks_needed) return;
   cache_.reset();  // free the old pool before taking the larger one
-  ++cache_epoch_;
+  cache_epoch_ = next_cache_epoch();
   cache_ = std::make_unique<kv::KvCache>(
       model_.backend(), model_.kv_spec(),
       kv::KvCacheOptions{options_.block_size, static_cast<std::int32_t>(blocks_needed), 0});

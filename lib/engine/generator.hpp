@@ -101,9 +101,9 @@ class Generator {
   GeneratorOptions options_;
   std::vector<std::int32_t> eos_ids_;
   std::unique_ptr<kv::KvCache> cache_;
-  // Pure decode steps go through Backend::run_graph keyed by (cache_epoch_, batch size); a new
-  // KV pool bumps the epoch since recordings hold its addresses. A replay returns no tensor, so
-  // the logits view of each recorded size is kept (it is the model's workspace, never moved).
+  // Pure decode steps go through Backend::run_graph keyed by (cache_epoch_, batch size); each KV
+  // pool gets a process-unique epoch since recordings hold its addresses. A replay returns no
+  // tensor, so the logits view of each recorded size is kept (the model's workspace, never moved).
   std::uint64_t cache_epoch_ = 0;
   std::map<std::size_t, Tensor> decode_logits_;
   GenerationStats stats_;
