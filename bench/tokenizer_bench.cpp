@@ -37,11 +37,15 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-std::string tokenizers_dir() { return env_or("XSERV_TOKENIZERS", XSERV_SHARED_DIR "/tokenizers"); }
+std::string tokenizers_dir() {
+  return env_or("XSERV_TOKENIZERS", XSERV_SHARED_DIR "/tokenizers");
+}
 
 std::string english() {
-  std::string text = read_file(env_or("XSERV_BENCH_TEXT", XSERV_SHARED_DIR "/data/tinyshakespeare.txt"));
-  if (text.empty()) throw std::runtime_error("tinyshakespeare.txt not found (set XSERV_BENCH_TEXT)");
+  std::string text =
+      read_file(env_or("XSERV_BENCH_TEXT", XSERV_SHARED_DIR "/data/tinyshakespeare.txt"));
+  if (text.empty())
+    throw std::runtime_error("tinyshakespeare.txt not found (set XSERV_BENCH_TEXT)");
   return text;
 }
 
@@ -108,7 +112,8 @@ Inputs& inputs() {
   static Inputs in = [] {
     Inputs r;
     for (const char* name : {"gpt2", "qwen3"})
-      r.tokenizers[name] = std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(tokenizers_dir() + "/" + name));
+      r.tokenizers[name] =
+          std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(tokenizers_dir() + "/" + name));
     r.texts["english"] = english();
     r.texts["code"] = code();
     r.texts["cjk"] = cjk(*r.tokenizers["qwen3"]);
@@ -128,23 +133,26 @@ void encode(benchmark::State& state, const std::string& tok_name, const std::str
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * text.size()));
   state.counters["MB_per_s"] = benchmark::Counter(
-      static_cast<double>(text.size()) / 1e6 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+      static_cast<double>(text.size()) / 1e6 * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
   state.counters["tokens"] = static_cast<double>(tokens);
 }
 
 void load(benchmark::State& state, const std::string& tok_name) {
-  for (auto _ : state) benchmark::DoNotOptimize(xserv::Tokenizer::load(tokenizers_dir() + "/" + tok_name));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(xserv::Tokenizer::load(tokenizers_dir() + "/" + tok_name));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    constexpr const char* kDump = "--xserv_dump_inputs=";
-    if (std::strncmp(argv[i], kDump, std::strlen(kDump)) == 0) {
-      fs::path dir(argv[i] + std::strlen(kDump));
+    constexpr const char* dump_flag = "--xserv_dump_inputs=";
+    if (std::strncmp(argv[i], dump_flag, std::strlen(dump_flag)) == 0) {
+      fs::path dir(argv[i] + std::strlen(dump_flag));
       fs::create_directories(dir);
-      for (const auto& [name, text] : inputs().texts) std::ofstream(dir / (name + ".txt"), std::ios::binary) << text;
+      for (const auto& [name, text] : inputs().texts)
+        std::ofstream(dir / (name + ".txt"), std::ios::binary) << text;
       return 0;
     }
   }
@@ -153,8 +161,9 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark((std::string("encode/") + tok + "/" + text).c_str(),
                                    [=](benchmark::State& s) { encode(s, tok, text); })
           ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((std::string("load/") + tok).c_str(), [=](benchmark::State& s) { load(s, tok); })
-        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("load/") + tok).c_str(), [=](benchmark::State& s) {
+      load(s, tok);
+    })->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -47,11 +47,13 @@ Options parse_options(const Args& args, const char* command) {
     } else if (a == "-h" || a == "--help") {
       o.help = true;
     } else {
-      throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli {} --help)", a, command);
+      throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli {} --help)", a,
+                  command);
     }
   }
   if (!o.help && o.model.empty())
-    throw_error(ErrorCode::invalid_argument, "-m PATH (model directory or tokenizer.json) is required");
+    throw_error(ErrorCode::invalid_argument,
+                "-m PATH (model directory or tokenizer.json) is required");
   return o;
 }
 
@@ -70,13 +72,27 @@ void append_json_string(std::string_view s, std::string& out) {
   for (char c : s) {
     auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (u < 0x20 || u == 0x7F) {
           out += "\\u00";
@@ -113,10 +129,11 @@ void flush(std::string& out) {
 int run_tokenize(const Args& args) {
   Options o = parse_options(args, "tokenize");
   if (o.help) {
-    std::printf("usage: xserv-cli tokenize -m PATH [--jsonl] [--no-special]\n"
-                "  reads stdin and prints its token ids as a JSON array\n"
-                "  --jsonl       each input line is a JSON string; one JSON array per line out\n"
-                "  --no-special  encode special tokens (<|im_start|>, ...) as plain text\n");
+    std::printf(
+        "usage: xserv-cli tokenize -m PATH [--jsonl] [--no-special]\n"
+        "  reads stdin and prints its token ids as a JSON array\n"
+        "  --jsonl       each input line is a JSON string; one JSON array per line out\n"
+        "  --no-special  encode special tokens (<|im_start|>, ...) as plain text\n");
     return 0;
   }
   Tokenizer tok = Tokenizer::load(o.model);
@@ -146,9 +163,10 @@ int run_tokenize(const Args& args) {
 int run_detokenize(const Args& args) {
   Options o = parse_options(args, "detokenize");
   if (o.help) {
-    std::printf("usage: xserv-cli detokenize -m PATH [--skip-special]\n"
-                "  each input line is a JSON array of ids; prints one JSON string per line\n"
-                "  --skip-special  drop special tokens\n");
+    std::printf(
+        "usage: xserv-cli detokenize -m PATH [--skip-special]\n"
+        "  each input line is a JSON array of ids; prints one JSON string per line\n"
+        "  --skip-special  drop special tokens\n");
     return 0;
   }
   Tokenizer tok = Tokenizer::load(o.model);
@@ -163,7 +181,8 @@ int run_detokenize(const Args& args) {
     for (auto v : array) {
       std::int64_t id = 0;
       if (v.get_int64().get(id) != simdjson::SUCCESS || id < 0 || id >= tok.vocab_size())
-        throw_error(ErrorCode::invalid_argument, "line {}: ids must be integers in [0, {})", number, tok.vocab_size());
+        throw_error(ErrorCode::invalid_argument, "line {}: ids must be integers in [0, {})", number,
+                    tok.vocab_size());
       ids.push_back(static_cast<std::int32_t>(id));
     }
     append_json_string(tok.decode(ids, o.skip_special), out);

@@ -1,7 +1,8 @@
 #include "tokenizer/added_vocabulary.hpp"
 
-#include <algorithm>
 #include <utf8proc.h>
+
+#include <algorithm>
 
 #include "core/utf8.hpp"
 
@@ -31,8 +32,8 @@ char32_t first_code_point(std::string_view text, std::size_t begin, std::size_t&
 // Rust's char::is_whitespace: the Unicode White_Space property.
 bool is_white_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 // HF's single_word test uses Rust regex \w: Alphabetic, marks, decimal digits, connector
@@ -40,10 +41,17 @@ bool is_white_space(char32_t c) {
 bool is_word_char(char32_t c) {
   if (c == 0x200C || c == 0x200D) return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
@@ -65,7 +73,8 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens)
   }
 }
 
-void AddedTokenMatcher::find(std::string_view text, bool allow_special, std::vector<Match>& out) const {
+void AddedTokenMatcher::find(std::string_view text, bool allow_special,
+                             std::vector<Match>& out) const {
   if (tokens_.empty()) return;
   std::size_t taken = 0;  // end of the previous accepted match (its rstrip included)
   std::size_t i = 0;

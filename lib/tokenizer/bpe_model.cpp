@@ -12,7 +12,7 @@ namespace xserv::tokenizer {
 
 namespace {
 
-constexpr std::int32_t kNoRank = std::numeric_limits<std::int32_t>::max();
+constexpr std::int32_t no_rank = std::numeric_limits<std::int32_t>::max();
 
 std::uint64_t pair_key(std::int32_t left, std::int32_t right) noexcept {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) |
@@ -63,7 +63,7 @@ class StripeLock {
 };
 
 // Words up to this many bytes merge with a linear scan (cheaper than a heap when short).
-constexpr std::size_t kShortWord = 32;
+constexpr std::size_t short_word_bytes = 32;
 
 }  // namespace
 
@@ -72,22 +72,24 @@ BpeModel::BpeModel(const std::int32_t (&byte_ids)[256], const std::vector<Merge>
                    std::unordered_map<std::string, std::int32_t> word_ids)
     : ignore_merges_(ignore_merges),
       word_ids_(std::move(word_ids)),
-      cache_(new CacheSlot[kCacheSlots]),
-      cache_locks_(new std::atomic<bool>[kCacheLocks]) {
-  for (std::size_t i = 0; i < kCacheLocks; ++i) cache_locks_[i].store(false);
+      cache_(new CacheSlot[cache_slots]),
+      cache_locks_(new std::atomic<bool>[cache_lock_count]) {
+  for (std::size_t i = 0; i < cache_lock_count; ++i) cache_locks_[i].store(false);
   std::copy(std::begin(byte_ids), std::end(byte_ids), byte_ids_);
-  XSERV_CHECK(merges.size() == merged_ids.size(), ErrorCode::internal, "BPE: merge tables differ in size");
-  XSERV_CHECK(merges.size() < static_cast<std::size_t>(kNoRank), ErrorCode::format, "BPE: too many merges");
+  XSERV_CHECK(merges.size() == merged_ids.size(), ErrorCode::internal,
+              "BPE: merge tables differ in size");
+  XSERV_CHECK(merges.size() < static_cast<std::size_t>(no_rank), ErrorCode::format,
+              "BPE: too many merges");
   // Load factor at most 2/3: linear probes stay short while the table stays small enough to
   // sit mostly in the last-level cache (a probe is a likely cache miss; it is the hot path).
   std::size_t cap = 16;
   while (cap * 2 < merges.size() * 3) cap <<= 1;
-  slots_.assign(cap, Slot{kEmpty, 0, 0});
+  slots_.assign(cap, Slot{empty_key, 0, 0});
   mask_ = cap - 1;
   for (std::size_t i = 0; i < merges.size(); ++i) {
     std::uint64_t key = pair_key(merges[i].left, merges[i].right);
     std::uint64_t h = mix(key) & mask_;
-    while (slots_[h].key != kEmpty && slots_[h].key != key) h = (h + 1) & mask_;
+    while (slots_[h].key != empty_key && slots_[h].key != key) h = (h + 1) & mask_;
     // A pair listed twice keeps its last rank, as HF's HashMap collect does.
     slots_[h] = Slot{key, static_cast<std::int32_t>(i), merged_ids[i]};
   }
@@ -99,7 +101,7 @@ const BpeModel::Slot* BpeModel::find_pair(std::int32_t left, std::int32_t right)
   for (;;) {
     const Slot& s = slots_[h];
     if (s.key == key) return &s;
-    if (s.key == kEmpty) return nullptr;
+    if (s.key == empty_key) return nullptr;
     h = (h + 1) & mask_;
   }
 }
@@ -107,12 +109,12 @@ const BpeModel::Slot* BpeModel::find_pair(std::int32_t left, std::int32_t right)
 // Repeatedly merges the adjacent pair of lowest rank, leftmost first: the same order as HF's
 // heap, whose entries are (rank, position) and which pops the smallest.
 void BpeModel::merge_short(std::vector<std::int32_t>& ids) const {
-  std::int32_t ranks[kShortWord];
-  std::int32_t merged[kShortWord];
+  std::int32_t ranks[short_word_bytes];
+  std::int32_t merged[short_word_bytes];
   std::size_t n = ids.size();
   auto set_rank = [&](std::size_t i) {
     const Slot* s = find_pair(ids[i], ids[i + 1]);
-    ranks[i] = s ? s->rank : kNoRank;
+    ranks[i] = s ? s->rank : no_rank;
     merged[i] = s ? s->merged : -1;
   };
   // The first lookups are independent: prefetch their slots so their cache misses overlap.
@@ -123,7 +125,7 @@ void BpeModel::merge_short(std::vector<std::int32_t>& ids) const {
     std::size_t best = 0;
     for (std::size_t i = 1; i + 1 < n; ++i)
       if (ranks[i] < ranks[best]) best = i;
-    if (ranks[best] == kNoRank) break;
+    if (ranks[best] == no_rank) break;
     ids[best] = merged[best];
     // Remove symbol best+1 and pair slot best (now recomputed).
     for (std::size_t i = best + 1; i + 1 < n; ++i) ids[i] = ids[i + 1];
@@ -163,7 +165,9 @@ void BpeModel::merge_long(std::vector<std::int32_t>& ids) const {
     next[i] = i + 1 < n ? i + 1 : -1;
   }
   // Min-heap on (rank, pos): std::push_heap/pop_heap with "greater" ordering.
-  auto after = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
+  auto after = [](const Cand& a, const Cand& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
   auto push = [&](std::int32_t pos) {
     std::int32_t nx = next[pos];
     if (nx < 0) return;
@@ -200,14 +204,16 @@ void BpeModel::merge_long(std::vector<std::int32_t>& ids) const {
   ids.resize(out);
 }
 
-void BpeModel::encode_words(std::span<const std::string_view> words, std::vector<std::int32_t>& out) const {
+void BpeModel::encode_words(std::span<const std::string_view> words,
+                            std::vector<std::int32_t>& out) const {
   // Cache slots are likely cache misses; prefetching a few words ahead overlaps them.
-  constexpr std::size_t kAhead = 6;
+  constexpr std::size_t prefetch_ahead = 6;
   const std::size_t n = words.size();
-  for (std::size_t i = 0; i < n && i < kAhead; ++i)
-    __builtin_prefetch(&cache_[hash_word(words[i]) & (kCacheSlots - 1)]);
+  for (std::size_t i = 0; i < n && i < prefetch_ahead; ++i)
+    __builtin_prefetch(&cache_[hash_word(words[i]) & (cache_slots - 1)]);
   for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(&cache_[hash_word(words[i + kAhead]) & (kCacheSlots - 1)]);
+    if (i + prefetch_ahead < n)
+      __builtin_prefetch(&cache_[hash_word(words[i + prefetch_ahead]) & (cache_slots - 1)]);
     encode_word(words[i], out);
   }
 }
@@ -234,7 +240,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out
     std::int32_t id = byte_ids_[static_cast<unsigned char>(c)];
     if (id >= 0) ids.push_back(id);
   }
-  if (ids.size() <= kShortWord) {
+  if (ids.size() <= short_word_bytes) {
     merge_short(ids);
   } else {
     merge_long(ids);
@@ -243,18 +249,20 @@ void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out
   cache_store(hash, word, ids);
 }
 
-bool BpeModel::cache_lookup(std::uint64_t hash, std::string_view word, std::vector<std::int32_t>& out) const {
-  const std::size_t slot = hash & (kCacheSlots - 1);
-  StripeLock lock(cache_locks_[slot % kCacheLocks]);
+bool BpeModel::cache_lookup(std::uint64_t hash, std::string_view word,
+                            std::vector<std::int32_t>& out) const {
+  const std::size_t slot = hash & (cache_slots - 1);
+  StripeLock lock(cache_locks_[slot % cache_lock_count]);
   const CacheSlot& s = cache_[slot];
   if (s.hash != hash || s.word != word) return false;
   out.insert(out.end(), s.ids.begin(), s.ids.end());
   return true;
 }
 
-void BpeModel::cache_store(std::uint64_t hash, std::string_view word, const std::vector<std::int32_t>& ids) const {
-  const std::size_t slot = hash & (kCacheSlots - 1);
-  StripeLock lock(cache_locks_[slot % kCacheLocks]);
+void BpeModel::cache_store(std::uint64_t hash, std::string_view word,
+                           const std::vector<std::int32_t>& ids) const {
+  const std::size_t slot = hash & (cache_slots - 1);
+  StripeLock lock(cache_locks_[slot % cache_lock_count]);
   CacheSlot& s = cache_[slot];
   s.hash = hash;
   s.word.assign(word);
@@ -263,8 +271,8 @@ void BpeModel::cache_store(std::uint64_t hash, std::string_view word, const std:
 
 std::size_t BpeModel::cache_size() const {
   std::size_t n = 0;
-  for (std::size_t i = 0; i < kCacheSlots; ++i) {
-    StripeLock lock(cache_locks_[i % kCacheLocks]);
+  for (std::size_t i = 0; i < cache_slots; ++i) {
+    StripeLock lock(cache_locks_[i % cache_lock_count]);
     n += cache_[i].word.empty() ? 0 : 1;
   }
   return n;

@@ -47,12 +47,12 @@ class BpeModel {
     std::int32_t rank;
     std::int32_t merged;
   };
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};
+  static constexpr std::uint64_t empty_key = ~std::uint64_t{0};
   const Slot* find_pair(std::int32_t left, std::int32_t right) const noexcept;
   void merge_short(std::vector<std::int32_t>& ids) const;
   void merge_long(std::vector<std::int32_t>& ids) const;
 
-  std::int32_t byte_ids_[256];
+  std::int32_t byte_ids_[256] = {};
   std::vector<Slot> slots_;
   std::uint64_t mask_ = 0;
   bool ignore_merges_ = false;
@@ -67,10 +67,12 @@ class BpeModel {
     std::string word;
     std::vector<std::int32_t> ids;
   };
-  static constexpr std::size_t kCacheSlots = 1 << 16;
-  static constexpr std::size_t kCacheLocks = 256;
-  bool cache_lookup(std::uint64_t hash, std::string_view word, std::vector<std::int32_t>& out) const;
-  void cache_store(std::uint64_t hash, std::string_view word, const std::vector<std::int32_t>& ids) const;
+  static constexpr std::size_t cache_slots = 1 << 16;
+  static constexpr std::size_t cache_lock_count = 256;
+  bool cache_lookup(std::uint64_t hash, std::string_view word,
+                    std::vector<std::int32_t>& out) const;
+  void cache_store(std::uint64_t hash, std::string_view word,
+                   const std::vector<std::int32_t>& ids) const;
   mutable std::unique_ptr<CacheSlot[]> cache_;
   mutable std::unique_ptr<std::atomic<bool>[]> cache_locks_;
 };

@@ -15,7 +15,9 @@ struct Tables {
   std::array<int, 0x144> to_byte{};
   Tables() {
     to_byte.fill(-1);
-    auto shown = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto shown = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
     int next = 0;
     for (int b = 0; b < 256; ++b) {
       char32_t cp = shown(b) ? static_cast<char32_t>(b) : static_cast<char32_t>(0x100 + next++);
@@ -32,7 +34,9 @@ const Tables& tables() {
 
 }  // namespace
 
-char32_t byte_to_code_point(unsigned char b) noexcept { return tables().to_cp[b]; }
+char32_t byte_to_code_point(unsigned char b) noexcept {
+  return tables().to_cp[b];
+}
 
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
@@ -71,7 +75,8 @@ std::optional<std::string> byte_level_decode(std::string_view text) {
     if (len == 1) {
       cp = lead;
     } else if (len == 2) {
-      cp = (static_cast<char32_t>(lead & 0x1F) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3F);
+      cp = (static_cast<char32_t>(lead & 0x1F) << 6) |
+           (static_cast<unsigned char>(text[i + 1]) & 0x3F);
     } else {
       return std::nullopt;  // 3- and 4-byte sequences are all above U+0143
     }

@@ -8,7 +8,9 @@ namespace xserv::tokenizer {
 
 namespace {
 
-bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view what) {
+  return s.find(what) != std::string_view::npos;
+}
 
 // Python's str.lstrip/rstrip/strip with a set of characters, here only '\n'.
 std::string_view lstrip_nl(std::string_view s) {
@@ -53,7 +55,8 @@ ChatTemplate ChatTemplate::detect(std::string_view source) {
 
 std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Message> msgs,
                         bool add_generation_prompt, bool enable_thinking) {
-  XSERV_CHECK(tmpl.kind == ChatTemplate::Kind::chatml, ErrorCode::internal, "render_chat: no template");
+  XSERV_CHECK(tmpl.kind == ChatTemplate::Kind::chatml, ErrorCode::internal,
+              "render_chat: no template");
   XSERV_CHECK(!msgs.empty(), ErrorCode::invalid_argument, "apply_chat_template: no messages");
   std::string out;
   const std::size_t n = msgs.size();

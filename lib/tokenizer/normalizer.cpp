@@ -1,8 +1,9 @@
 #include "tokenizer/normalizer.hpp"
 
+#include <utf8proc.h>
+
 #include <cstdlib>
 #include <memory>
-#include <utf8proc.h>
 
 #include "core/error.hpp"
 
@@ -62,18 +63,29 @@ std::string normalize(std::string_view text, NormalizationForm form) {
   if (form == NormalizationForm::nfc && is_trivially_nfc(text)) return std::string(text);
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalizationForm::nfc: options |= UTF8PROC_COMPOSE; break;
-    case NormalizationForm::nfd: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalizationForm::nfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalizationForm::nfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-    case NormalizationForm::none: break;
+    case NormalizationForm::nfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalizationForm::nfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalizationForm::nfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalizationForm::nfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalizationForm::none:
+      break;
   }
   utf8proc_uint8_t* result = nullptr;
   utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
                                       static_cast<utf8proc_ssize_t>(text.size()), &result,
                                       static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(result, &std::free);
-  if (len < 0) throw_error(ErrorCode::invalid_argument, "tokenizer: normalization failed: {}", utf8proc_errmsg(len));
+  if (len < 0)
+    throw_error(ErrorCode::invalid_argument, "tokenizer: normalization failed: {}",
+                utf8proc_errmsg(len));
   return std::string(reinterpret_cast<const char*>(result), static_cast<std::size_t>(len));
 }
 

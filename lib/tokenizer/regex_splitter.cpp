@@ -10,7 +10,7 @@ namespace xserv::tokenizer {
 namespace {
 
 // Unicode White_Space (what Oniguruma's \s matches with Unicode strings).
-constexpr std::string_view kSpaceSet =
+constexpr std::string_view white_space_set =
     R"(\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
 std::string rewrite_spaces(std::string_view p) {
@@ -24,15 +24,15 @@ std::string rewrite_spaces(std::string_view p) {
       ++i;
       if (e == 's') {
         if (in_class) {
-          out += kSpaceSet;
+          out += white_space_set;
         } else {
           out += '[';
-          out += kSpaceSet;
+          out += white_space_set;
           out += ']';
         }
       } else if (e == 'S' && !in_class) {
         out += "[^";
-        out += kSpaceSet;
+        out += white_space_set;
         out += ']';
       } else {
         out += '\\';
@@ -62,10 +62,11 @@ struct ThreadMatchState {
   pcre2_match_data* data = nullptr;
   ThreadMatchState() {
     context = pcre2_match_context_create(nullptr);
-    stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, nullptr);
+    stack = pcre2_jit_stack_create(std::size_t{32} << 10, std::size_t{16} << 20, nullptr);
     if (context && stack) pcre2_jit_stack_assign(context, nullptr, stack);
     data = pcre2_match_data_create(1, nullptr);
-    if (!context || !data) throw Error(ErrorCode::out_of_memory, "tokenizer: cannot allocate PCRE2 match state");
+    if (!context || !data)
+      throw Error(ErrorCode::out_of_memory, "tokenizer: cannot allocate PCRE2 match state");
   }
   ~ThreadMatchState() {
     pcre2_match_data_free(data);
@@ -98,8 +99,9 @@ RegexSplitter::RegexSplitter(std::string_view pattern) : pattern_(rewrite_spaces
   if (!code->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    throw_error(ErrorCode::format, "tokenizer: pre-tokenizer pattern does not compile at offset {}: {} ({})",
-                offset, reinterpret_cast<const char*>(msg), std::string(pattern));
+    throw_error(ErrorCode::format,
+                "tokenizer: pre-tokenizer pattern does not compile at offset {}: {} ({})", offset,
+                reinterpret_cast<const char*>(msg), std::string(pattern));
   }
   code->jit = pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE) == 0;
   code_ = std::move(code);
@@ -111,8 +113,8 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& 
   std::size_t pos = 0;      // where the next search starts
   std::size_t emitted = 0;  // end of the last piece appended
   while (pos < text.size()) {
-    int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
-                                          st.data, st.context)
+    int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), pos,
+                                          PCRE2_NO_UTF_CHECK, st.data, st.context)
                         : pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
                                       st.data, st.context);
     if (rc == PCRE2_ERROR_NOMATCH) break;

@@ -35,11 +35,11 @@ class RegexSplitter {
 };
 
 // The pattern of GPT-2's ByteLevel pre-tokenizer (use_regex = true).
-inline constexpr std::string_view kGpt2Pattern =
+inline constexpr std::string_view gpt2_pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // The pattern of Qwen2/Qwen3 (also what their slow tokenizer uses with vocab.json + merges.txt).
-inline constexpr std::string_view kQwen2Pattern =
+inline constexpr std::string_view qwen2_pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 }  // namespace xserv::tokenizer

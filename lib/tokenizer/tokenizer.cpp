@@ -71,8 +71,8 @@ std::shared_ptr<const Tokenizer::Impl> build_tokenizer(TokenizerSpec spec) {
   impl->special.assign(n, 0);
   impl->token_ids.reserve(spec.vocab.size() + spec.added.size());
   for (auto& [s, id] : spec.vocab) {
-    XSERV_CHECK(impl->token_ids.emplace(s, id).second, ErrorCode::format, "{}: token '{}' listed twice",
-                spec.source, s);
+    XSERV_CHECK(impl->token_ids.emplace(s, id).second, ErrorCode::format,
+                "{}: token '{}' listed twice", spec.source, s);
     impl->token_text[id] = std::move(s);
   }
   // Merges and bytes are resolved against the model vocabulary alone (added tokens come next).
@@ -81,7 +81,8 @@ std::shared_ptr<const Tokenizer::Impl> build_tokenizer(TokenizerSpec spec) {
     return it == impl->token_ids.end() ? -1 : it->second;
   };
   std::int32_t byte_ids[256];
-  for (int b = 0; b < 256; ++b) byte_ids[b] = vocab_id(byte_level_encode(std::string(1, static_cast<char>(b))));
+  for (int b = 0; b < 256; ++b)
+    byte_ids[b] = vocab_id(byte_level_encode(std::string(1, static_cast<char>(b))));
   std::vector<BpeModel::Merge> merges;
   std::vector<std::int32_t> merged_ids;
   merges.reserve(spec.merges.size());
@@ -101,12 +102,15 @@ std::shared_ptr<const Tokenizer::Impl> build_tokenizer(TokenizerSpec spec) {
     for (const auto& [s, id] : impl->token_ids)
       if (auto raw = byte_level_decode(s)) word_ids.emplace(std::move(*raw), id);
   }
-  impl->bpe = std::make_unique<BpeModel>(byte_ids, merges, merged_ids, spec.ignore_merges, std::move(word_ids));
+  impl->bpe = std::make_unique<BpeModel>(byte_ids, merges, merged_ids, spec.ignore_merges,
+                                         std::move(word_ids));
 
   std::vector<AddedToken> raw_added, normalized_added;
   for (auto& t : spec.added) {
-    XSERV_CHECK(!t.content.empty(), ErrorCode::format, "{}: added token {} is empty", spec.source, t.id);
-    XSERV_CHECK(utf8::is_valid(t.content), ErrorCode::format, "{}: added token {} is not UTF-8", spec.source, t.id);
+    XSERV_CHECK(!t.content.empty(), ErrorCode::format, "{}: added token {} is empty", spec.source,
+                t.id);
+    XSERV_CHECK(utf8::is_valid(t.content), ErrorCode::format, "{}: added token {} is not UTF-8",
+                spec.source, t.id);
     if (impl->token_text[t.id].empty()) impl->token_text[t.id] = t.content;
     impl->token_ids[t.content] = t.id;
     impl->special[t.id] = t.special ? 1 : 0;
@@ -144,14 +148,17 @@ Tokenizer Tokenizer::load(const std::string& path) {
   fs::path p(path);
   if (fs::is_directory(p, ec)) {
     if (fs::is_regular_file(p / "tokenizer.json", ec))
-      return Tokenizer(tokenizer::build_tokenizer(tokenizer::read_tokenizer_json((p / "tokenizer.json").string())));
+      return Tokenizer(tokenizer::build_tokenizer(
+          tokenizer::read_tokenizer_json((p / "tokenizer.json").string())));
     if (fs::is_regular_file(p / "vocab.json", ec) && fs::is_regular_file(p / "merges.txt", ec))
       return Tokenizer(tokenizer::build_tokenizer(tokenizer::read_vocab_merges(p.string())));
     throw_error(ErrorCode::not_found, "{}: no tokenizer.json nor vocab.json + merges.txt", path);
   }
-  if (!fs::is_regular_file(p, ec)) throw_error(ErrorCode::not_found, "{}: no such tokenizer file or directory", path);
+  if (!fs::is_regular_file(p, ec))
+    throw_error(ErrorCode::not_found, "{}: no such tokenizer file or directory", path);
   if (p.filename() == "vocab.json" || p.filename() == "merges.txt")
-    return Tokenizer(tokenizer::build_tokenizer(tokenizer::read_vocab_merges(p.parent_path().string())));
+    return Tokenizer(
+        tokenizer::build_tokenizer(tokenizer::read_vocab_merges(p.parent_path().string())));
   return Tokenizer(tokenizer::build_tokenizer(tokenizer::read_tokenizer_json(p.string())));
 }
 
@@ -205,7 +212,8 @@ void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<std::int
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
   std::size_t bad = utf8::find_invalid(text);
   if (bad != std::string_view::npos)
-    throw_error(ErrorCode::invalid_argument, "encode: input is not valid UTF-8 (byte offset {})", bad);
+    throw_error(ErrorCode::invalid_argument, "encode: input is not valid UTF-8 (byte offset {})",
+                bad);
   const Impl& im = *impl_;
   std::vector<std::int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
@@ -240,7 +248,9 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
   return out;
 }
 
-std::int32_t Tokenizer::vocab_size() const { return static_cast<std::int32_t>(impl_->token_text.size()); }
+std::int32_t Tokenizer::vocab_size() const {
+  return static_cast<std::int32_t>(impl_->token_text.size());
+}
 
 std::optional<std::int32_t> Tokenizer::token_id(std::string_view token) const {
   auto it = impl_->token_ids.find(token);
@@ -262,10 +272,12 @@ bool Tokenizer::is_special(std::int32_t id) const {
   return id >= 0 && id < vocab_size() && impl_->special[id] != 0;
 }
 
-bool Tokenizer::has_chat_template() const { return impl_->chat.kind != tokenizer::ChatTemplate::Kind::none; }
+bool Tokenizer::has_chat_template() const {
+  return impl_->chat.kind != tokenizer::ChatTemplate::Kind::none;
+}
 
-std::string Tokenizer::apply_chat_template(std::span<const Message> msgs, bool add_generation_prompt,
-                                           bool enable_thinking) const {
+std::string Tokenizer::apply_chat_template(std::span<const Message> msgs,
+                                           bool add_generation_prompt, bool enable_thinking) const {
   if (!has_chat_template()) {
     std::string out;
     for (std::size_t i = 0; i < msgs.size(); ++i) {

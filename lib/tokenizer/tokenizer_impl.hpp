@@ -21,7 +21,9 @@ namespace xserv {
 struct Tokenizer::Impl {
   struct StringHash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
   };
 
   std::string source;  // the file the tokenizer came from, for messages
@@ -46,14 +48,14 @@ namespace tokenizer {
 // What a loader hands to build_tokenizer().
 struct TokenizerSpec {
   std::string source;
-  std::vector<std::pair<std::string, std::int32_t>> vocab;        // byte-level form -> id
-  std::vector<std::pair<std::string, std::string>> merges;        // in rank order
+  std::vector<std::pair<std::string, std::int32_t>> vocab;  // byte-level form -> id
+  std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   std::vector<AddedToken> added;
   NormalizationForm normalization = NormalizationForm::none;
   std::vector<std::string> patterns;  // pre-tokenizer Split patterns, in order
   bool add_prefix_space = false;
   bool ignore_merges = false;
-  std::string chat_template;          // Jinja source, empty when none
+  std::string chat_template;  // Jinja source, empty when none
 };
 
 TokenizerSpec read_tokenizer_json(const std::string& path);

@@ -30,11 +30,13 @@ simdjson::dom::element parse_json(simdjson::dom::parser& parser, const std::stri
                                   const std::string& path) {
   simdjson::dom::element root;
   auto err = parser.parse(text).get(root);
-  if (err) throw_error(ErrorCode::format, "{}: invalid JSON: {}", path, simdjson::error_message(err));
+  if (err)
+    throw_error(ErrorCode::format, "{}: invalid JSON: {}", path, simdjson::error_message(err));
   return root;
 }
 
-std::string_view get_string(simdjson::dom::element e, std::string_view key, const std::string& path) {
+std::string_view get_string(simdjson::dom::element e, std::string_view key,
+                            const std::string& path) {
   std::string_view s;
   if (e[key].get_string().get(s) != simdjson::SUCCESS)
     throw_error(ErrorCode::format, "{}: field '{}' must be a string", path, key);
@@ -42,7 +44,8 @@ std::string_view get_string(simdjson::dom::element e, std::string_view key, cons
 }
 
 // An optional field: `fallback` when absent or null, Error(format) when of another type.
-bool get_bool(simdjson::dom::element e, std::string_view key, bool fallback, const std::string& path) {
+bool get_bool(simdjson::dom::element e, std::string_view key, bool fallback,
+              const std::string& path) {
   simdjson::dom::element v;
   if (e[key].get(v) != simdjson::SUCCESS || v.is_null()) return fallback;
   bool b = false;
@@ -51,7 +54,8 @@ bool get_bool(simdjson::dom::element e, std::string_view key, bool fallback, con
   return b;
 }
 
-std::string_view get_type(simdjson::dom::element e, const std::string& path, std::string_view what) {
+std::string_view get_type(simdjson::dom::element e, const std::string& path,
+                          std::string_view what) {
   std::string_view type;
   if (e["type"].get_string().get(type) != simdjson::SUCCESS)
     throw_error(ErrorCode::format, "{}: {} has no 'type'", path, what);
@@ -86,11 +90,16 @@ void read_normalizer(simdjson::dom::element e, TokenizerSpec& spec, const std::s
     return;
   }
   NormalizationForm form;
-  if (type == "NFC") form = NormalizationForm::nfc;
-  else if (type == "NFD") form = NormalizationForm::nfd;
-  else if (type == "NFKC") form = NormalizationForm::nfkc;
-  else if (type == "NFKD") form = NormalizationForm::nfkd;
-  else throw_error(ErrorCode::unsupported, "{}: normalizer '{}' is not supported", path, type);
+  if (type == "NFC")
+    form = NormalizationForm::nfc;
+  else if (type == "NFD")
+    form = NormalizationForm::nfd;
+  else if (type == "NFKC")
+    form = NormalizationForm::nfkc;
+  else if (type == "NFKD")
+    form = NormalizationForm::nfkd;
+  else
+    throw_error(ErrorCode::unsupported, "{}: normalizer '{}' is not supported", path, type);
   if (spec.normalization != NormalizationForm::none && spec.normalization != form)
     throw_error(ErrorCode::unsupported, "{}: more than one Unicode normalization", path);
   spec.normalization = form;
@@ -108,12 +117,13 @@ void read_pre_tokenizer(simdjson::dom::element e, TokenizerSpec& spec, bool& byt
   } else if (type == "ByteLevel") {
     byte_level = true;
     spec.add_prefix_space = get_bool(e, "add_prefix_space", false, path);
-    if (get_bool(e, "use_regex", true, path)) spec.patterns.emplace_back(kGpt2Pattern);
+    if (get_bool(e, "use_regex", true, path)) spec.patterns.emplace_back(gpt2_pattern);
   } else if (type == "Split") {
     std::string_view behavior = get_string(e, "behavior", path);
     if (behavior != "Isolated" || get_bool(e, "invert", false, path))
-      throw_error(ErrorCode::unsupported, "{}: Split pre-tokenizer with behavior '{}'{} is not supported",
-                  path, behavior, get_bool(e, "invert", false, path) ? " and invert" : "");
+      throw_error(ErrorCode::unsupported,
+                  "{}: Split pre-tokenizer with behavior '{}'{} is not supported", path, behavior,
+                  get_bool(e, "invert", false, path) ? " and invert" : "");
     simdjson::dom::element pattern = e["pattern"];
     std::string_view s;
     if (pattern["Regex"].get_string().get(s) == simdjson::SUCCESS) {
@@ -184,7 +194,8 @@ TokenizerSpec read_tokenizer_json(const std::string& path) {
     throw_error(ErrorCode::format, "{}: no 'model'", path);
   std::string_view model_type;
   if (model["type"].get_string().get(model_type) == simdjson::SUCCESS && model_type != "BPE")
-    throw_error(ErrorCode::unsupported, "{}: model '{}' is not supported (byte-level BPE only)", path, model_type);
+    throw_error(ErrorCode::unsupported, "{}: model '{}' is not supported (byte-level BPE only)",
+                path, model_type);
   if (get_bool(model, "byte_fallback", false, path))
     throw_error(ErrorCode::unsupported, "{}: BPE with byte_fallback is not supported", path);
   for (std::string_view key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -198,7 +209,8 @@ TokenizerSpec read_tokenizer_json(const std::string& path) {
   if (model["vocab"].get_object().get(vocab) != simdjson::SUCCESS)
     throw_error(ErrorCode::format, "{}: model has no 'vocab' object", path);
   spec.vocab.reserve(vocab.size());
-  for (auto [key, value] : vocab) spec.vocab.emplace_back(std::string(key), to_id(value, path, "a vocab entry"));
+  for (auto [key, value] : vocab)
+    spec.vocab.emplace_back(std::string(key), to_id(value, path, "a vocab entry"));
 
   simdjson::dom::array merges;
   if (model["merges"].get_array().get(merges) != simdjson::SUCCESS)
@@ -224,15 +236,18 @@ TokenizerSpec read_tokenizer_json(const std::string& path) {
 
   simdjson::dom::array added;
   if (root["added_tokens"].get_array().get(added) == simdjson::SUCCESS) {
-    for (auto t : added) spec.added.push_back(read_added_token(t, to_id(t["id"], path, "an added token"), path));
+    for (auto t : added)
+      spec.added.push_back(read_added_token(t, to_id(t["id"], path, "an added token"), path));
   }
 
   simdjson::dom::element e;
   if (root["normalizer"].get(e) == simdjson::SUCCESS) read_normalizer(e, spec, path);
   bool byte_level = false;
-  if (root["pre_tokenizer"].get(e) == simdjson::SUCCESS) read_pre_tokenizer(e, spec, byte_level, path);
+  if (root["pre_tokenizer"].get(e) == simdjson::SUCCESS)
+    read_pre_tokenizer(e, spec, byte_level, path);
   if (!byte_level)
-    throw_error(ErrorCode::unsupported, "{}: not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)", path);
+    throw_error(ErrorCode::unsupported,
+                "{}: not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)", path);
 
   spec.chat_template = read_chat_template(fs::path(path).parent_path(), parser);
   return spec;
@@ -249,7 +264,8 @@ TokenizerSpec read_vocab_merges(const std::string& dir_str) {
     simdjson::dom::object vocab;
     if (parse_json(parser, text, vocab_path).get_object().get(vocab) != simdjson::SUCCESS)
       throw_error(ErrorCode::format, "{}: not a JSON object", vocab_path);
-    for (auto [key, value] : vocab) spec.vocab.emplace_back(std::string(key), to_id(value, vocab_path, "an entry"));
+    for (auto [key, value] : vocab)
+      spec.vocab.emplace_back(std::string(key), to_id(value, vocab_path, "an entry"));
   }
   {
     std::string merges_path = (dir / "merges.txt").string();
@@ -285,7 +301,8 @@ TokenizerSpec read_vocab_merges(const std::string& dir_str) {
         try {
           id = static_cast<std::int32_t>(std::stol(std::string(key)));
         } catch (const std::exception&) {
-          throw_error(ErrorCode::format, "{}: added token id '{}' is not a number", config_path.string(), key);
+          throw_error(ErrorCode::format, "{}: added token id '{}' is not a number",
+                      config_path.string(), key);
         }
         spec.added.push_back(read_added_token(value, id, config_path.string()));
       }
@@ -304,10 +321,10 @@ TokenizerSpec read_vocab_merges(const std::string& dir_str) {
     }
   }
   if (tokenizer_class.starts_with("Qwen2")) {
-    spec.patterns.emplace_back(kQwen2Pattern);
+    spec.patterns.emplace_back(qwen2_pattern);
     spec.normalization = NormalizationForm::nfc;
   } else {
-    spec.patterns.emplace_back(kGpt2Pattern);
+    spec.patterns.emplace_back(gpt2_pattern);
   }
   spec.chat_template = read_chat_template(dir, parser);
   return spec;

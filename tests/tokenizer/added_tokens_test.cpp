@@ -26,7 +26,8 @@ std::string json_string(std::string_view s) {
 }
 
 // Writes a tokenizer.json into a fresh temporary folder and loads it.
-Tokenizer make_tokenizer(const std::string& normalizer, bool ignore_merges, const std::string& name) {
+Tokenizer make_tokenizer(const std::string& normalizer, bool ignore_merges,
+                         const std::string& name) {
   std::string vocab = "{";
   for (int b = 0; b < 256; ++b) {
     vocab += json_string(xserv::tokenizer::byte_level_encode(std::string(1, static_cast<char>(b))));
@@ -41,11 +42,13 @@ Tokenizer make_tokenizer(const std::string& normalizer, bool ignore_merges, cons
     {"id":301,"content":"[R]","single_word":false,"lstrip":false,"rstrip":true,"normalized":false,"special":true},
     {"id":302,"content":"word","single_word":true,"lstrip":false,"rstrip":false,"normalized":false,"special":false},
     {"id":303,"content":"é","single_word":false,"lstrip":false,"rstrip":false,"normalized":true,"special":false}],
-    "normalizer":)" + normalizer + R"(,
+    "normalizer":)" + normalizer +
+                     R"(,
     "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
     "decoder":{"type":"ByteLevel"},
-    "model":{"type":"BPE","ignore_merges":)" + std::string(ignore_merges ? "true" : "false") +
-                     R"(,"vocab":)" + vocab + R"(,"merges":["h e","l l",["he","ll"]]}})";
+    "model":{"type":"BPE","ignore_merges":)" +
+                     std::string(ignore_merges ? "true" : "false") + R"(,"vocab":)" + vocab +
+                     R"(,"merges":["h e","l l",["he","ll"]]}})";
   fs::path dir = fs::temp_directory_path() / ("xserv_tok_" + name);
   fs::create_directories(dir);
   std::ofstream(dir / "tokenizer.json") << json;

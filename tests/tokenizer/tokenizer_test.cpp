@@ -1,6 +1,8 @@
 // Tokenizer tests: golden ids and decodes from HF tokenizers, chat templates from transformers
 // (tests/data/tokenizer, made by tests/reference/make_tokenizer_fixtures.py), the streaming
 // decoder, invalid UTF-8 and added-token rules.
+#include "tokenizer/tokenizer.hpp"
+
 #include <simdjson.h>
 
 #include <catch2/catch.hpp>
@@ -11,21 +13,20 @@
 
 #include "core/error.hpp"
 #include "core/utf8.hpp"
-#include "tokenizer/tokenizer.hpp"
 
 namespace {
 
 using xserv::Tokenizer;
 
-const std::string kShared = XSERV_SHARED_DIR "/tokenizers/";
-const std::string kData = XSERV_TEST_DATA_DIR "/tokenizer/";
+const std::string shared_dir = XSERV_SHARED_DIR "/tokenizers/";
+const std::string data_dir = XSERV_TEST_DATA_DIR "/tokenizer/";
 
 const Tokenizer& gpt2() {
-  static const Tokenizer t = Tokenizer::load(kShared + "gpt2");
+  static const Tokenizer t = Tokenizer::load(shared_dir + "gpt2");
   return t;
 }
 const Tokenizer& qwen3() {
-  static const Tokenizer t = Tokenizer::load(kShared + "qwen3");
+  static const Tokenizer t = Tokenizer::load(shared_dir + "qwen3");
   return t;
 }
 
@@ -89,7 +90,7 @@ std::string show(const std::vector<std::int32_t>& ids) {
 void check_encode_fixtures(const Tokenizer& tok, const std::string& file) {
   simdjson::dom::parser parser;
   int rows = 0, bad = 0;
-  for (const auto& line : read_lines(kData + file)) {
+  for (const auto& line : read_lines(data_dir + file)) {
     simdjson::dom::element row = parse(parser, line);
     std::string text = str(row, "text");
     auto want = to_ids(field(row, "ids"));
@@ -98,7 +99,9 @@ void check_encode_fixtures(const Tokenizer& tok, const std::string& file) {
     ++rows;
     if (got != want) {
       ++bad;
-      if (bad <= 5) UNSCOPED_INFO(file << ": text " << text.substr(0, 200) << "\n  want " << show(want) << "\n  got  " << show(got));
+      if (bad <= 5)
+        UNSCOPED_INFO(file << ": text " << text.substr(0, 200) << "\n  want " << show(want)
+                           << "\n  got  " << show(got));
       continue;
     }
     std::string expect = has_field(row, "decoded") ? str(row, "decoded") : text;
@@ -122,17 +125,18 @@ TEST_CASE("Qwen3 encodes and decodes like HF tokenizers", "[tokenizer]") {
 }
 
 TEST_CASE("GPT-2 from vocab.json + merges.txt equals tokenizer.json", "[tokenizer]") {
-  Tokenizer legacy = Tokenizer::load(kShared + "gpt2/vocab.json");
+  Tokenizer legacy = Tokenizer::load(shared_dir + "gpt2/vocab.json");
   CHECK(legacy.vocab_size() == 50257);
   CHECK(legacy.is_special(50256));
   check_encode_fixtures(legacy, "gpt2.jsonl");
 }
 
 TEST_CASE("decode matches HF on random id sequences", "[tokenizer]") {
-  for (auto [tok, file] : {std::pair{&gpt2(), "decode_gpt2.jsonl"}, std::pair{&qwen3(), "decode_qwen3.jsonl"}}) {
+  for (auto [tok, file] :
+       {std::pair{&gpt2(), "decode_gpt2.jsonl"}, std::pair{&qwen3(), "decode_qwen3.jsonl"}}) {
     simdjson::dom::parser parser;
     int rows = 0;
-    for (const auto& line : read_lines(kData + file)) {
+    for (const auto& line : read_lines(data_dir + file)) {
       simdjson::dom::element row = parse(parser, line);
       auto ids = to_ids(field(row, "ids"));
       INFO(file << " " << show(ids));
@@ -159,7 +163,7 @@ TEST_CASE("Qwen3 chat template matches transformers", "[tokenizer]") {
   CHECK_FALSE(gpt2().has_chat_template());
   simdjson::dom::parser parser;
   int rows = 0;
-  for (const auto& line : read_lines(kData + "chat_qwen3.jsonl")) {
+  for (const auto& line : read_lines(data_dir + "chat_qwen3.jsonl")) {
     simdjson::dom::element row = parse(parser, line);
     std::vector<Tokenizer::Message> msgs;
     simdjson::dom::array list;
@@ -183,8 +187,10 @@ TEST_CASE("GPT-2 has no template: contents joined by newlines", "[tokenizer]") {
 
 TEST_CASE("invalid UTF-8 is rejected with invalid_argument", "[tokenizer]") {
   for (std::string bad : {std::string("\xff"), std::string("ok \xc0\xaf"), std::string("\xe4\xbd"),
-                          std::string("\xed\xa0\x80"), std::string("a\x80" "b"), std::string("\xf4\x90\x80\x80"),
-                          std::string("<|endoftext|>\xfe")}) {
+                          std::string("\xed\xa0\x80"),
+                          std::string("a\x80"
+                                      "b"),
+                          std::string("\xf4\x90\x80\x80"), std::string("<|endoftext|>\xfe")}) {
     for (const Tokenizer* tok : {&gpt2(), &qwen3()}) {
       try {
         (void)tok->encode(bad);
@@ -280,18 +286,14 @@ TEST_CASE("load errors", "[tokenizer]") {
   }
   auto dir = std::filesystem::temp_directory_path() / "xserv_tok_test";
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "Unigram", "vocab": []}})";
-  }
+  { std::ofstream(dir / "tokenizer.json") << R"({"model": {"type": "Unigram", "vocab": []}})"; }
   try {
     (void)Tokenizer::load(dir.string());
     FAIL("loaded");
   } catch (const xserv::Error& e) {
     CHECK(e.code() == xserv::ErrorCode::unsupported);
   }
-  {
-    std::ofstream(dir / "tokenizer.json") << R"({"model": )";
-  }
+  { std::ofstream(dir / "tokenizer.json") << R"({"model": )"; }
   try {
     (void)Tokenizer::load(dir.string());
     FAIL("loaded");
