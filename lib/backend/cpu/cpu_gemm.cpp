@@ -3,8 +3,8 @@
 //
 // Work split: a GEMV (M <= gemv_max_rows, decode) is memory bound, so N is cut into one
 // contiguous column range per thread and every weight byte is read once. A GEMM (prefill) is cut
-// into 128-column tiles, and into row blocks too when there are too few column tiles to keep all
-// threads busy; each task packs its own weight tile. f32 weights with M > gemv_max_rows go to
+// into column tiles of up to 128, and into row blocks too when there are too few column tiles to
+// keep all threads busy; each task packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
 #include <vector>
@@ -104,7 +104,11 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
     });
     return;
   }
-  constexpr std::int64_t tile_n = 128, min_rows = 48;
+  // Enough tasks for every thread: narrower column tiles first (down to two 16-float registers
+  // wide), then row blocks of at least min_rows (each packs the weight tile once more).
+  constexpr std::int64_t min_rows = 48;
+  std::int64_t tile_n = 128;
+  while ((n + tile_n - 1) / tile_n < 4 * threads && tile_n > 32) tile_n /= 2;
   const std::int64_t col_tiles = (n + tile_n - 1) / tile_n;
   std::int64_t row_blocks = 1;
   while (col_tiles * row_blocks < 4 * threads && m / (row_blocks * 2) >= min_rows) row_blocks *= 2;
