@@ -23,6 +23,7 @@
 #include "engine/generator.hpp"
 #include "io/json.hpp"
 #include "models/model.hpp"
+#include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv::cli {
@@ -161,6 +162,7 @@ int run_generate(const Args& args) {
   auto backend = make_backend(pick_device(o.device), BackendOptions{o.threads, 0});
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
+  mo.on_progress = load_progress_bar(o.model);  // draws on stderr only when it is a terminal
   auto model = Model::load(o.model, *backend, mo);
 
   std::vector<std::int32_t> prompt = tok.encode(prompt_text);
