@@ -195,6 +195,8 @@ TEST_CASE("cpu gelu, swiglu and gather_rows", "[cpu]") {
   std::mt19937 rng(4);
   CpuBackend be(BackendOptions{2, 0});
   auto x = random_floats(rng, 10001, -6.0f, 6.0f);
+  const float extremes[] = {-100.0f, 100.0f, 0.0f, -30.0f, 1e-20f, -1e-20f, 30.0f, -9.0f};
+  std::copy(std::begin(extremes), std::end(extremes), x.begin() + 40);  // inside a vector run
   auto y = x;
   be.gelu(view(y, {10001}));
   std::vector<double> want(x.size());
@@ -206,6 +208,9 @@ TEST_CASE("cpu gelu, swiglu and gather_rows", "[cpu]") {
 
   const std::int64_t t = 7, inter = 13;
   auto gu = random_floats(rng, static_cast<std::size_t>(t * 2 * inter), -5.0f, 5.0f);
+  gu[0] = -100.0f;
+  gu[1] = 100.0f;
+  gu[2] = 90.0f;
   std::vector<float> out(static_cast<std::size_t>(t * inter));
   be.swiglu(view(out, {t, inter}), view(gu, {t, 2 * inter}));
   std::vector<double> want_s(out.size());

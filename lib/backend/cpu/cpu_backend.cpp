@@ -147,13 +147,9 @@ void CpuBackend::gelu(Tensor x) {
   check_dtype("gelu", "x", x, DType::f32);
   check_data("gelu", "x", x);
   float* p = x.as<float>();
+  const KernelTable& kt = *kernels_;
   pool_.parallel_for(static_cast<std::size_t>(x.numel()), [&](std::size_t b, std::size_t e) {
-    constexpr float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
-    constexpr float k1 = 0.044715f;
-    for (std::size_t i = b; i < e; ++i) {
-      const float v = p[i];
-      p[i] = 0.5f * v * (1.0f + std::tanh(k0 * (v + k1 * v * v * v)));
-    }
+    kt.gelu(p + b, static_cast<std::int64_t>(e - b));
   }, 4096);
 }
 
@@ -168,12 +164,11 @@ void CpuBackend::swiglu(Tensor out, const Tensor& gate_up) {
   check_shape(op, "out", out, Shape{rows, inter});
   check_data(op, "gate_up", gate_up);
   check_data(op, "out", out);
+  const KernelTable& kt = *kernels_;
   pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r) {
       const float* g = gate_up.as<const float>() + static_cast<std::int64_t>(r) * width;
-      const float* u = g + inter;
-      float* o = out.as<float>() + static_cast<std::int64_t>(r) * inter;
-      for (std::int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      kt.silu_mul(out.as<float>() + static_cast<std::int64_t>(r) * inter, g, g + inter, inter);
     }
   }, 1);
 }

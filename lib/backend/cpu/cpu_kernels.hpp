@@ -62,6 +62,10 @@ struct KernelTable {
   void (*gemm_tile)(const GemmProblem& p, std::int64_t m0, std::int64_t m1, std::int64_t n0,
                     std::int64_t n1, float* scratch);
   void (*attention)(const AttentionTask& t, float* scratch);
+  // x = gelu_tanh(x) in place.
+  void (*gelu)(float* x, std::int64_t n);
+  // out = silu(g) * u.
+  void (*silu_mul)(float* out, const float* g, const float* u, std::int64_t n);
 };
 
 namespace generic { extern const KernelTable table; }
