@@ -21,13 +21,14 @@ python3 "$here/tokenizer_hf_bench.py" --inputs "$out/inputs" --json "$out/hf_tok
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-xs = {b["name"].split("/", 1)[1]: b["MB_per_s"] for b in json.load(open(f"{out}/xserv_tokenizer.json"))["benchmarks"]
-      if b["name"].startswith("encode/")}
+xs = {b["name"]: b["MB_per_s"] for b in json.load(open(f"{out}/xserv_tokenizer.json"))["benchmarks"]
+      if "MB_per_s" in b}
 hf = json.load(open(f"{out}/hf_tokenizer.json"))
 print(f"\nencode MB/s, one thread (HF tokenizers {hf['tokenizers']})")
-print(f"{'tokenizer/input':18s} {'xserv':>8s} {'HF':>8s} {'ratio':>6s}")
+print(f"{'benchmark':32s} {'xserv':>8s} {'HF':>8s} {'ratio':>6s}")
 for r in hf["results"]:
-    key = f"{r['tokenizer']}/{r['input']}"
-    x = xs.get(key, float('nan'))
-    print(f"{key:18s} {x:8.1f} {r['MB_per_s']:8.1f} {x / r['MB_per_s']:6.2f}")
+    prefix = "encode" if r.get("mode", "whole") == "whole" else "encode_chunks"
+    key = f"{prefix}/{r['tokenizer']}/{r['input']}"
+    x = xs.get(key, float("nan"))
+    print(f"{key:32s} {x:8.1f} {r['MB_per_s']:8.1f} {x / r['MB_per_s']:6.2f}")
 PY
