@@ -46,6 +46,9 @@ struct xserv_model {
   // Serializes every call on one model (the generator's KV cache and the tokenizer's word cache
   // are not safe to share). Recursive so a token callback may tokenize on the same model.
   mutable std::recursive_mutex mutex;
+  // Set while xserv_generate runs: the generator is not reentrant, and a token callback that
+  // calls xserv_generate on the same model would get past the recursive lock.
+  bool generating = false;
 };
 
 namespace {
@@ -477,6 +480,8 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
     const xserv::SamplingParams sampling = to_sampling(p);
 
     std::lock_guard lock(model->mutex);
+    if (model->generating)
+      throw_invalid("called from a token callback of the same model (not reentrant)");
     const std::vector<int32_t> ids = model->tokenizer->encode(view);
     xserv::TokenCallback callback;
     if (on_token != nullptr) {
@@ -493,6 +498,11 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
         return on_token(&event, user_data);
       };
     }
+    struct Busy {  // clears the flag on every exit path
+      bool& flag;
+      explicit Busy(bool& f) : flag(f) { flag = true; }
+      ~Busy() { flag = false; }
+    } busy(model->generating);
     const xserv::GenerationResult result = model->generator->generate(ids, sampling, callback);
     if (out_text != nullptr) *out_text = c_string(result.text);
   });

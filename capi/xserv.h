@@ -252,7 +252,8 @@ typedef struct xserv_token_event {
 
 /* Called for every generated token on the thread running xserv_generate. Return true to go on,
  * false to stop generation (the call then ends normally with the text so far). It must not
- * free the model; it may call the tokenizer functions on the same model. */
+ * free the model; it may call the tokenizer functions on the same model, while xserv_generate
+ * on the same model fails with XSERV_ERR_INVALID_ARGUMENT (generation is not reentrant). */
 typedef bool (*xserv_token_callback)(const xserv_token_event* event, void* user_data);
 
 /* Generates a continuation of the NUL-terminated UTF-8 `prompt` (raw text: to chat, render the

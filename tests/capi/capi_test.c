@@ -365,6 +365,46 @@ static bool on_token(const xserv_token_event* e, void* user_data) {
   return c->stop_after == 0 || c->events < c->stop_after;
 }
 
+/* A token callback that uses the model it is called for: tokenizing works, generating again
+ * is refused (not reentrant). */
+typedef struct Reentry {
+  xserv_model* model;
+  xserv_status tokenize_status;
+  xserv_status generate_status;
+  int calls;
+} Reentry;
+
+static bool on_token_reenter(const xserv_token_event* e, void* user_data) {
+  Reentry* r = (Reentry*)user_data;
+  int32_t ids[8];
+  size_t n = 0;
+  char* nested = NULL;
+  (void)e;
+  ++r->calls;
+  r->tokenize_status = xserv_tokenize(r->model, "Hi", true, ids, 8, &n);
+  r->generate_status = xserv_generate(r->model, "Hi", NULL, NULL, NULL, &nested);
+  xserv_string_free(nested);
+  return false;
+}
+
+static void test_reentry(xserv_model* model) {
+  Reentry r;
+  xserv_generate_params gp = xserv_generate_default_params();
+  char* text = NULL;
+  r.model = model;
+  r.tokenize_status = XSERV_ERR_INTERNAL;
+  r.generate_status = XSERV_OK;
+  r.calls = 0;
+  gp.max_tokens = 4;
+  CHECK_STATUS(xserv_generate(model, "ROMEO:", &gp, on_token_reenter, &r, &text), XSERV_OK, "");
+  CHECK(r.calls == 1);
+  CHECK(r.tokenize_status == XSERV_OK);
+  CHECK(r.generate_status == XSERV_ERR_INVALID_ARGUMENT);
+  xserv_string_free(text);
+  /* And the model is usable again afterwards. */
+  CHECK_STATUS(xserv_generate(model, "ROMEO:", &gp, NULL, NULL, NULL), XSERV_OK, "");
+}
+
 static void test_generate(xserv_model* model) {
   xserv_generate_params gp = xserv_generate_default_params();
   Collected* c = (Collected*)calloc(1, sizeof(Collected));
@@ -568,6 +608,7 @@ int main(void) {
         test_tokenize(model);
         test_chat_template_unsupported(model);
         test_generate(model);
+        test_reentry(model);
         test_long_prompt(model);
       }
       xserv_model_free(model);
