@@ -13,19 +13,20 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/xserv DESTINATION ${CMAKE_INSTAL
         FILES_MATCHING PATTERN "*.hpp")
 
 # A shared libxserv carries its dependencies (DT_NEEDED); a static one leaves them to its
-# users, so xserv.pc names them in Libs.private (pkg-config --static) and xservConfig.cmake
-# finds them again (see xservConfig.cmake.in).
-set(XSERV_PC_PRIVATE_LIBS "")
+# users, so xservConfig.cmake finds them again (see xservConfig.cmake.in) and xserv.pc lists
+# them in Libs itself: a static-only install has nothing else to link, so plain
+# `pkg-config --libs xserv` must already be complete.
+set(XSERV_PC_STATIC_LIBS "")
 if(NOT XSERV_BUILD_SHARED)
-  set(XSERV_PC_PRIVATE_LIBS "-lsimdjson -lfmt -lpcre2-8 -lutf8proc")
+  set(XSERV_PC_STATIC_LIBS "-lsimdjson -lfmt -lpcre2-8 -lutf8proc")
   if(XSERV_HAVE_BLAS)
-    string(APPEND XSERV_PC_PRIVATE_LIBS " -lopenblas")
+    string(APPEND XSERV_PC_STATIC_LIBS " -lopenblas")
   endif()
   if(XSERV_HAVE_CUDA)
-    string(APPEND XSERV_PC_PRIVATE_LIBS
+    string(APPEND XSERV_PC_STATIC_LIBS
            " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcublas -lcudart_static -ldl -lrt")
   endif()
-  string(APPEND XSERV_PC_PRIVATE_LIBS " -lstdc++ -lm -pthread")
+  string(APPEND XSERV_PC_STATIC_LIBS " -lstdc++ -lm -pthread")
 endif()
 
 install(EXPORT xservTargets NAMESPACE xserv:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
