@@ -3,6 +3,7 @@
 // per-head q/k RMSNorm + neox RoPE, grouped-query attention with an explicit head_dim (which may
 // differ from hidden / heads), SwiGLU MLP, tied or untied lm_head.
 #include <cmath>
+#include <initializer_list>
 
 #include "core/error.hpp"
 #include "models/model_registry.hpp"
@@ -18,6 +19,9 @@ class Qwen3 final : public Model {
   struct Layer {
     Tensor in_norm, q_w, k_w, v_w, q_b, k_b, v_b, q_norm, k_norm, o_w, post_norm;
     Tensor gate_w, up_w, down_w;
+    // q|k|v and gate|up as single [rows, hidden] weights when they sit back to back in memory
+    // (see stacked()); empty otherwise, and the separate GEMMs run instead.
+    Tensor qkv_w, gate_up_w;
   };
   Tensor embed, final_norm, lm_head;
   std::vector<Layer> layers;
@@ -37,6 +41,10 @@ class Qwen3 final : public Model {
     m->declare(weights);
     m->weight_bytes_ = weights.load(options.on_progress);
     m->weight_dtype_ = m->embed.dtype;
+    for (Layer& l : m->layers) {
+      if (l.q_b.empty() && l.k_b.empty() && l.v_b.empty()) l.qkv_w = stacked({&l.q_w, &l.k_w, &l.v_w});
+      l.gate_up_w = stacked({&l.gate_w, &l.up_w});
+    }
     m->plan();
     return m;
   }
@@ -86,6 +94,26 @@ class Qwen3 final : public Model {
     allocate_workspace();
   }
 
+  // One [sum of rows, cols] view of out_in weights that already lie back to back in memory, in
+  // order; empty when they do not. A backend that copies weights (CUDA imports them in
+  // declaration order into one arena) gives adjacent q/k/v and gate/up, so a decode step runs one
+  // GEMV over the stacked weight instead of three (two) small ones: fewer launches and no tail
+  // of a small grid. Views into the mmap'd checkpoint (CPU) are adjacent only by chance; then the
+  // separate GEMMs, with the same result, run.
+  static Tensor stacked(std::initializer_list<const Tensor*> parts) {
+    const Tensor& first = **parts.begin();
+    std::int64_t rows = 0;
+    const auto* next = static_cast<const std::uint8_t*>(first.data);
+    for (const Tensor* p : parts) {
+      if (p->data != next || p->dtype != first.dtype || p->shape.rank() != 2 ||
+          p->shape[1] != first.shape[1] || p->device != first.device)
+        return {};
+      rows += p->shape[0];
+      next += p->bytes();
+    }
+    return Tensor(first.data, first.dtype, {rows, first.shape[1]}, first.device);
+  }
+
   // Columns [col, col + n) of a packed [t, width] activation, for a GEMM with out_row_stride.
   static Tensor columns(const Tensor& packed, std::int64_t t, std::int64_t col, std::int64_t n) {
     auto* base = static_cast<std::uint8_t*>(packed.data) +
@@ -107,17 +135,25 @@ class Qwen3 final : public Model {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
       be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
-      be.gemm(columns(qkvt, t, 0, q_out), ht, l.q_w, WeightLayout::out_in, l.q_b, 0.0f, width);
-      be.gemm(columns(qkvt, t, q_out, kv_out), ht, l.k_w, WeightLayout::out_in, l.k_b, 0.0f, width);
-      be.gemm(columns(qkvt, t, q_out + kv_out, kv_out), ht, l.v_w, WeightLayout::out_in, l.v_b,
-              0.0f, width);
+      if (!l.qkv_w.empty()) {
+        be.gemm(qkvt, ht, l.qkv_w, WeightLayout::out_in, {});
+      } else {
+        be.gemm(columns(qkvt, t, 0, q_out), ht, l.q_w, WeightLayout::out_in, l.q_b, 0.0f, width);
+        be.gemm(columns(qkvt, t, q_out, kv_out), ht, l.k_w, WeightLayout::out_in, l.k_b, 0.0f, width);
+        be.gemm(columns(qkvt, t, q_out + kv_out, kv_out), ht, l.v_w, WeightLayout::out_in, l.v_b,
+                0.0f, width);
+      }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_transform_store(qkvt, heads, qk, b, kvl);
       be.attention(at, qkvt, heads, b, kvl, scale);
       be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, 1.0f);  // x += attn · Wo
       be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
-      be.gemm(columns(gu, t, 0, inner), ht, l.gate_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
-      be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+      if (!l.gate_up_w.empty()) {
+        be.gemm(gu, ht, l.gate_up_w, WeightLayout::out_in, {});
+      } else {
+        be.gemm(columns(gu, t, 0, inner), ht, l.gate_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+        be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+      }
       be.swiglu(actt, gu);
       be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, 1.0f);  // x += mlp
     }
