@@ -1,7 +1,6 @@
 // Whole models on the CUDA backend: the committed Hugging Face fixtures (tiny GPT-2/Qwen3 in
 // f32 and bf16, the f16 Shakespeare model), and decode steps recorded as CUDA graphs against the
 // same steps run eagerly.
-#include <simdjson.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,52 +8,17 @@
 #include "core/mapped_file.hpp"
 #include "cuda_test_util.hpp"
 #include "engine/generator.hpp"
-#include "io/json.hpp"
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
+#include "support/golden.hpp"
 
 using namespace xserv;
 using namespace xserv::test;
 
 namespace {
 
-struct Case {
-  std::vector<std::int32_t> prompt, logit_positions, greedy;
-};
-
-std::vector<std::int32_t> ints(simdjson::dom::element e) {
-  std::vector<std::int32_t> out;
-  for (auto v : e.get_array()) out.push_back(static_cast<std::int32_t>(v.get_int64().value()));
-  return out;
-}
-
-std::vector<Case> read_cases(const std::string& path) {
-  simdjson::dom::parser parser;
-  const std::string text = read_file(path);
-  auto root = json::parse(parser, text, path);
-  std::vector<Case> cases;
-  for (auto c : root["cases"].get_array())
-    cases.push_back({ints(c["prompt_ids"]), ints(c["logit_positions"]), ints(c["greedy_ids"])});
-  return cases;
-}
-
-ForwardBatch prefill_batch(const std::vector<std::int32_t>& prompt, const kv::BlockTable& table,
-                           const std::vector<std::int32_t>& logit_rows) {
-  ForwardBatch b;
-  const auto n = static_cast<std::int32_t>(prompt.size());
-  b.token_ids = prompt;
-  for (std::int32_t i = 0; i < n; ++i) {
-    b.positions.push_back(i);
-    b.slot_mapping.push_back(table.slot(i));
-  }
-  b.query_start = {0, n};
-  b.context_lens = {n};
-  b.block_tables = table.blocks();
-  b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
-  b.logit_rows = logit_rows;
-  return b;
-}
+using test::prefill_batch;
 
 // f32 models: HF's f32 logits within 1e-4 of the row's scale and the same greedy ids; 16-bit
 // models (bf16 activations on the GPU, HF in f32 on upcast weights): within 5e-2 of the scale.
@@ -65,16 +29,16 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   opts.max_batch_tokens = 64;
   auto model = Model::load(model_dir, *backend, opts);
   const bool f32 = model->activation_dtype() == DType::f32;
-  const auto cases = read_cases(golden_dir + "/golden.json");
+  const auto cases = read_golden_cases(golden_dir + "/golden.json");
   const auto golden = SafetensorsFile::open(golden_dir + "/golden.safetensors");
   const std::int64_t vocab = model->config().vocab_size;
   kv::KvCache cache(*backend, model->kv_spec(), {16, 16, 0});
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
-    const Case& c = cases[ci];
+    const GoldenCase& c = cases[ci];
     INFO("case " << ci);
     kv::BlockTable table(16);
-    table.ensure_capacity(cache.blocks(), static_cast<std::int32_t>(c.prompt.size()));
-    Tensor logits = model->forward(prefill_batch(c.prompt, table, c.logit_positions), cache);
+    table.ensure_capacity(cache.blocks(), static_cast<std::int32_t>(c.prompt_ids.size()));
+    Tensor logits = model->forward(prefill_batch(c.prompt_ids, table, c.logit_positions), cache);
     std::vector<float> got(static_cast<std::size_t>(logits.numel()));
     backend->download(got.data(), logits);
     table.release(cache.blocks());
@@ -98,18 +62,18 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   for (const auto& c : cases) {
     SamplingParams p;
     p.temperature = 0.0f;
-    p.max_tokens = static_cast<std::int32_t>(c.greedy.size());
+    p.max_tokens = static_cast<std::int32_t>(c.greedy_ids.size());
     p.ignore_eos = true;
-    reqs.push_back({c.prompt, p});
+    reqs.push_back({c.prompt_ids, p});
   }
   auto results = gen.generate(reqs);
   std::size_t same = 0, total = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
-    for (std::size_t i = 0; i < cases[ci].greedy.size() && i < results[ci].tokens.size(); ++i, ++total) {
-      if (results[ci].tokens[i] != cases[ci].greedy[i]) break;
+    for (std::size_t i = 0; i < cases[ci].greedy_ids.size() && i < results[ci].tokens.size(); ++i, ++total) {
+      if (results[ci].tokens[i] != cases[ci].greedy_ids[i]) break;
       ++same;
     }
-    if (f32) CHECK(results[ci].tokens == cases[ci].greedy);
+    if (f32) CHECK(results[ci].tokens == cases[ci].greedy_ids);
   }
   if (!f32) WARN("bf16 greedy: " << same << " of " << total << " leading tokens equal HF's f32 run");
 }

@@ -3,7 +3,6 @@
 // over each prompt, and 32-token greedy continuations through the Generator.
 #include <catch2/catch.hpp>
 
-#include <simdjson.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,36 +12,16 @@
 #include "backend/backend.hpp"
 #include "core/mapped_file.hpp"
 #include "engine/generator.hpp"
-#include "io/json.hpp"
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
+#include "support/golden.hpp"
 
 using namespace xserv;
 
 namespace {
 
-struct GoldenCase {
-  std::vector<std::int32_t> prompt_ids, logit_positions, greedy_ids;
-};
-
-std::vector<std::int32_t> int_array(simdjson::dom::element e) {
-  std::vector<std::int32_t> out;
-  for (auto v : e.get_array()) out.push_back(static_cast<std::int32_t>(v.get_int64().value()));
-  return out;
-}
-
-std::vector<GoldenCase> read_cases(const std::string& path) {
-  simdjson::dom::parser parser;
-  const std::string text = read_file(path);
-  auto root = json::parse(parser, text, path);
-  std::vector<GoldenCase> cases;
-  for (auto c : root["cases"].get_array()) {
-    cases.push_back({int_array(c["prompt_ids"]), int_array(c["logit_positions"]),
-                     int_array(c["greedy_ids"])});
-  }
-  return cases;
-}
+using test::GoldenCase;
 
 void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   INFO("model " << model_dir);
@@ -50,7 +29,7 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   ModelOptions opts;
   opts.max_batch_tokens = 64;
   auto model = Model::load(model_dir, *backend, opts);
-  const auto cases = read_cases(golden_dir + "/golden.json");
+  const auto cases = test::read_golden_cases(golden_dir + "/golden.json");
   const auto golden = SafetensorsFile::open(golden_dir + "/golden.safetensors");
   REQUIRE(!cases.empty());
   const std::int64_t vocab = model->config().vocab_size;
@@ -62,17 +41,7 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
     const auto n = static_cast<std::int32_t>(c.prompt_ids.size());
     kv::BlockTable table(16);
     table.ensure_capacity(cache.blocks(), n);
-    ForwardBatch b;
-    b.token_ids = c.prompt_ids;
-    for (std::int32_t i = 0; i < n; ++i) {
-      b.positions.push_back(i);
-      b.slot_mapping.push_back(table.slot(i));
-    }
-    b.query_start = {0, n};
-    b.context_lens = {n};
-    b.block_tables = table.blocks();
-    b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
-    b.logit_rows = c.logit_positions;
+    const ForwardBatch b = test::prefill_batch(c.prompt_ids, table, c.logit_positions);
     Tensor logits = model->forward(b, cache);
     const auto rows = static_cast<std::size_t>(c.logit_positions.size());
     REQUIRE(logits.shape == Shape{static_cast<std::int64_t>(rows), vocab});

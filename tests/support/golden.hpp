@@ -1,0 +1,59 @@
+// Reading the Hugging Face golden fixtures (tests/data/models/*/golden.json, made by
+// tests/reference/make_model_fixtures.py) and building the one-sequence prefill batch that the
+// parity tests of every backend run.
+#pragma once
+
+#include <simdjson.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/batch.hpp"
+#include "core/mapped_file.hpp"
+#include "io/json.hpp"
+#include "kv/block_allocator.hpp"
+
+namespace xserv::test {
+
+struct GoldenCase {
+  std::vector<std::int32_t> prompt_ids, logit_positions, greedy_ids;
+};
+
+inline std::vector<std::int32_t> golden_ints(simdjson::dom::element e) {
+  std::vector<std::int32_t> out;
+  for (auto v : e.get_array()) out.push_back(static_cast<std::int32_t>(v.get_int64().value()));
+  return out;
+}
+
+inline std::vector<GoldenCase> read_golden_cases(const std::string& path) {
+  simdjson::dom::parser parser;
+  const std::string text = read_file(path);
+  auto root = json::parse(parser, text, path);
+  std::vector<GoldenCase> cases;
+  for (auto c : root["cases"].get_array())
+    cases.push_back({golden_ints(c["prompt_ids"]), golden_ints(c["logit_positions"]),
+                     golden_ints(c["greedy_ids"])});
+  return cases;
+}
+
+// The whole prompt as one sequence at positions 0.., its K/V going to `table`'s slots.
+inline ForwardBatch prefill_batch(const std::vector<std::int32_t>& prompt,
+                                  const kv::BlockTable& table,
+                                  const std::vector<std::int32_t>& logit_rows) {
+  ForwardBatch b;
+  const auto n = static_cast<std::int32_t>(prompt.size());
+  b.token_ids = prompt;
+  for (std::int32_t i = 0; i < n; ++i) {
+    b.positions.push_back(i);
+    b.slot_mapping.push_back(table.slot(i));
+  }
+  b.query_start = {0, n};
+  b.context_lens = {n};
+  b.block_tables = table.blocks();
+  b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
+  b.logit_rows = logit_rows;
+  return b;
+}
+
+}  // namespace xserv::test
