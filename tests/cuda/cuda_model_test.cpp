@@ -58,15 +58,7 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
     }
   }
   Generator gen(*model, nullptr);
-  std::vector<GenerationRequest> reqs;
-  for (const auto& c : cases) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = static_cast<std::int32_t>(c.greedy_ids.size());
-    p.ignore_eos = true;
-    reqs.push_back({c.prompt_ids, p});
-  }
-  auto results = gen.generate(reqs);
+  auto results = gen.generate(test::greedy_requests(cases));
   std::size_t same = 0, total = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     for (std::size_t i = 0; i < cases[ci].greedy_ids.size() && i < results[ci].tokens.size(); ++i, ++total) {

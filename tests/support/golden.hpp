@@ -11,6 +11,7 @@
 
 #include "backend/batch.hpp"
 #include "core/mapped_file.hpp"
+#include "engine/generator.hpp"
 #include "io/json.hpp"
 #include "kv/block_allocator.hpp"
 
@@ -54,6 +55,19 @@ inline ForwardBatch prefill_batch(const std::vector<std::int32_t>& prompt,
   b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
   b.logit_rows = logit_rows;
   return b;
+}
+
+// One greedy request per case, as long as its HF continuation, eos ignored as HF's runs were.
+inline std::vector<GenerationRequest> greedy_requests(const std::vector<GoldenCase>& cases) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& c : cases) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = static_cast<std::int32_t>(c.greedy_ids.size());
+    p.ignore_eos = true;
+    reqs.push_back({c.prompt_ids, p});
+  }
+  return reqs;
 }
 
 }  // namespace xserv::test
