@@ -63,6 +63,8 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   __shared__ float s_acc[num_warps][G][D];
   __shared__ float s_ml[num_warps][G][2];
 
+  allow_dependents();  // the merge or the next GEMV may launch early; they wait for this one
+  grid_dependency_wait();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int li = lane % L, kg = lane / L;
@@ -195,6 +197,8 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
 // Combines the splits of one (row, head): grid (T, n_q_heads), head_dim threads.
 template <typename T>
 __global__ void attention_merge_kernel(const AttentionParams p) {
+  allow_dependents();
+  grid_dependency_wait();
   const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits;
   float mx = -CUDART_INF_F;
@@ -214,12 +218,9 @@ __global__ void attention_merge_kernel(const AttentionParams p) {
 template <typename T, int D, int G>
 void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  attention_rows_kernel<T, D, G><<<grid, threads, 0, stream>>>(p);
-  XSERV_CUDA_LAUNCH_CHECK();
-  if (p.num_splits > 1) {
-    attention_merge_kernel<T><<<dim3(p.num_tokens, p.n_q_heads), p.head_dim, 0, stream>>>(p);
-    XSERV_CUDA_LAUNCH_CHECK();
-  }
+  launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, p);
+  if (p.num_splits > 1)
+    launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(p.head_dim), 0, stream, p);
 }
 
 template <typename T, int D>

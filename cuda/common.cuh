@@ -8,7 +8,11 @@
 #include <math_constants.h>
 
 #include <cfloat>
+#include <cstddef>
 #include <cstdint>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
 
 namespace xserv::cuda {
 
@@ -98,5 +102,43 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
 }
 
 inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+// ---- Programmatic dependent launch (Hopper) ---------------------------------------------------
+// A kernel launched with launch_pdl() may start while the kernel before it on the stream is still
+// finishing: its blocks become resident during the previous kernel's tail and can load what does
+// not depend on it (the weights) before grid_dependency_wait(), which returns once the previous
+// kernel has completed and its writes are visible. Every kernel so launched must call
+// grid_dependency_wait() before it reads or writes activations. allow_dependents() lets the next
+// kernel launch early (it still waits for this one to complete before using its results), so
+// kernels call it first thing. Both are no-ops before sm_90 and for plain launches.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` with programmatic stream serialization (see above) when pdl_enabled(),
+// otherwise as a plain launch.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
 
 }  // namespace xserv::cuda

@@ -131,6 +131,8 @@ class CudaBackend final : public Backend {
                 float eps) override;
   void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
             float beta, std::int64_t out_row_stride) override;
+  void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
+                     const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch) override;
   void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                           const DeviceBatch& batch, KvLayer cache) override;
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
@@ -482,6 +484,26 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
              bias.empty() ? nullptr : bias.data, beta, m, n, k);
 }
 
+void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                                float eps, const Tensor& w, bool swiglu, Tensor h_scratch,
+                                Tensor y_scratch) {
+  const DType dt = x.dtype;
+  const bool shapes_ok = x.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2 &&
+                         w.shape[1] == x.shape[1] && norm_weight.numel() == x.shape[1] &&
+                         out.shape[0] == x.shape[0] && (!swiglu || w.shape[0] % 2 == 0) &&
+                         out.shape[1] == (swiglu ? w.shape[0] / 2 : w.shape[0]);
+  const bool dtypes_ok = is_act(dt) && w.dtype == dt && norm_weight.dtype == dt && out.dtype == dt;
+  const std::int64_t m = x.shape[0], k = x.shape[1], n = out.shape[1];
+  // Decode-sized products run as one kernel: the norm in its prologue, SwiGLU in its epilogue.
+  if (shapes_ok && dtypes_ok && use_gemv_ &&
+      norm_gemv_supported(dt, m, w.shape[0], k, x.data, norm_weight.data, w.data)) {
+    launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, n, k,
+                     sm_count_);
+    return;
+  }
+  Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);  // checks shapes
+}
+
 void CudaBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                                      const DeviceBatch& batch, KvLayer cache) {
   const DType dt = qkv.dtype;
@@ -564,10 +586,12 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
   // so a recorded graph covers every context up to its bucket. Aim for two blocks per SM.
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
   const std::int64_t base = static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads;
+  // Splits go down to 16 keys (one pass of a block's warps): a short context then spreads over
+  // more SMs instead of each block walking several dependent load rounds.
   const std::int64_t want = std::max<std::int64_t>(1, (2 * sm_count_ + base - 1) / base);
-  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, bucket / 64));
+  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, bucket / 16));
   std::int32_t split_size = (bucket + splits - 1) / splits;
-  split_size = (split_size + 63) / 64 * 64;
+  split_size = (split_size + 15) / 16 * 16;
   splits = (bucket + split_size - 1) / split_size;
   p.num_splits = splits;
   p.split_size = split_size;

@@ -1,6 +1,10 @@
 #include "cuda/cuda_check.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "core/error.hpp"
+#include "cuda/kernels.hpp"
 
 namespace xserv::cuda {
 
@@ -16,6 +20,14 @@ void throw_cublas_error(cublasStatus_t status, const char* call) {
   const ErrorCode code = status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::out_of_memory : ErrorCode::cuda;
   throw_error(code, "cuBLASLt error in {}: {} ({})", call, cublasLtGetStatusString(status),
               cublasLtGetStatusName(status));
+}
+
+bool pdl_enabled() noexcept {
+  static const bool enabled = [] {
+    const char* env = std::getenv("XSERV_CUDA_PDL");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return enabled;
 }
 
 }  // namespace xserv::cuda

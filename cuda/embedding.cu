@@ -14,6 +14,7 @@ template <typename T>
 __global__ void embedding_kernel(T* out, const std::int32_t* ids, const T* table, const T* pos_table,
                                  const std::int32_t* positions, std::int64_t dim,
                                  std::int64_t vocab, std::int64_t n_positions) {
+  allow_dependents();  // a following GEMV may start loading its weights
   const std::int64_t row = blockIdx.x;
   const std::int64_t id = ids[row];
   const std::int64_t pos = pos_table ? positions[row] : 0;

@@ -1,10 +1,11 @@
-// Skinny GEMMs for decode: out[m, :] = a[m, :] . W (+ bias) (+ beta * out) for M <= 8 rows, the
+// Skinny GEMMs for decode: out[m, :] = a[m, :] . W (+ bias) (+ beta * out) for M <= 4 rows, the
 // weight in f32 or bf16 (activations in the same dtype), out in that dtype or f32.
 // With a handful of rows the product is bound by reading W once, so both kernels are built
 // around that stream: 16-byte weight loads that bypass L1 (each byte is read once), several in
 // flight per lane, f32 accumulation; the M activation rows are small and re-read from L1/L2.
-// - W [N, K] (torch Linear, "out_in"): one warp per output column walks W's row; a warp
-//   reduction per row at the end. Launch: 256 threads (8 columns) per block, grid ceil(N / 8).
+// - W [N, K] (torch Linear, "out_in"): one warp (or a few, splitting K) per output column walks
+//   W's row; a warp reduction per row at the end; optionally the RMSNorm before and the SwiGLU
+//   after fused in (see gemv_out_in_kernel). Launch: 256 threads per block.
 // - W [K, N] (GPT-2 Conv1D, "in_out"): a warp reads 32 x 16 bytes of a W row (a tile of 128 f32
 //   or 256 bf16 columns), the 8 warps of a block take interleaved rows of one K chunk, and K is
 //   split over blockIdx.y so that about two blocks per SM stream at once. Each block reduces its
@@ -54,6 +55,19 @@ __device__ __forceinline__ void unpack(uint4 v, float (&f)[vec_of<T>]) {
   }
 }
 
+template <typename T>
+__device__ __forceinline__ uint4 pack(const float (&f)[vec_of<T>]) {
+  uint4 v;
+  if constexpr (sizeof(T) == 4) {
+    v = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  }
+  return v;
+}
+
 template <typename OutT>
 __device__ __forceinline__ void finish(OutT* o, float v, const float b, float beta) {
   v += b;
@@ -61,63 +75,172 @@ __device__ __forceinline__ void finish(OutT* o, float v, const float b, float be
   *o = from_f32<OutT>(v);
 }
 
-template <typename T, int M, typename OutT>
-__global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(OutT* out, std::int64_t ldo, const T* a,
-                                                                 const T* w, const T* bias,
-                                                                 float beta, int n, int k, int wpr) {
+template <typename T>
+struct OutInArgs {
+  void* out;
+  std::int64_t ldo;
+  const T* a;
+  const T* w;
+  const T* bias;
+  float beta;
+  int n, k;
+  int wpr;              // warps per output column
+  const T* norm_w;      // Norm: RMSNorm weight [k]
+  float eps;
+};
+
+// W [N, K] (out_in). One warp per output column (or wpr warps splitting K) streams W's row with
+// 16-byte L1-bypassing loads, four per lane (and weight row) in flight. Fusions (decode steps of
+// pre-norm models), each saving a kernel and a pass over an activation:
+// - Norm: `a` is the residual stream; every block first computes RMSNorm(a) * norm_w exactly as
+//   the norm kernel does (rounded to T before the weight, as HF) into shared memory [M, K], and
+//   the dot products read it from there.
+// - Swiglu: W holds 2N rows (gate, then up); the warp of column j also streams row N + j and
+//   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
+// Launched with launch_pdl: the first weight loads are issued before grid_dependency_wait().
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
+__global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
-  __shared__ float red[warps][M];
+  constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
+  constexpr int U = 4;               // loads per lane per batch
+  extern __shared__ uint4 s_dyn[];   // Norm: the normalised rows [M, k]
+  __shared__ float red[warps][R][M];
+  __shared__ float s_sum[warps][M];
+  allow_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // wpr warps share a column (small N: more warps in flight), each taking every wpr-th vector.
-  const int col = blockIdx.x * (warps / wpr) + warp / wpr, part = warp % wpr;
-  const bool active = col < n;
-  float acc[M];
+  const int col = blockIdx.x * (warps / p.wpr) + warp / p.wpr, part = warp % p.wpr;
+  const bool active = col < p.n;
+  const int k = p.k;
+  const int step = p.wpr * 32 * V;  // elements the column's warps cover per load
+  const int k0 = (part * 32 + lane) * V;
+  const T* wr[R];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  if (active) {
-    const T* wr = w + static_cast<std::int64_t>(col) * k;
-    const int step = wpr * 32 * V;  // elements the column's warps cover per load
-    auto fma_rows = [&](uint4 wv, int k0) {
-      float wf[V];
-      unpack<T>(wv, wf);
+  for (int r = 0; r < R; ++r) wr[r] = p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
+
+  // The weights do not depend on the previous kernel: the first batch goes out before the wait.
+  uint4 cur[R][U];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      cur[r][u] = active && k0 + u * step < k ? load_stream(wr[r] + k0 + u * step) : make_uint4(0, 0, 0, 0);
+  grid_dependency_wait();
+
+  const T* act = p.a;
+  if constexpr (Norm) {
+    T* s_act = reinterpret_cast<T*>(s_dyn);
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) ss[m] = 0.0f;
+    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        float af[V];
-        unpack<T>(*reinterpret_cast<const uint4*>(a + static_cast<std::int64_t>(m) * k + k0), af);
+        float x[V];
+        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[m] += wf[i] * af[i];
+        for (int v = 0; v < V; ++v) ss[m] += x[v] * x[v];
       }
-    };
-    int k0 = (part * 32 + lane) * V;
-    // Four independent 16-byte weight loads per lane before any arithmetic.
-    for (; k0 + 3 * step < k; k0 += 4 * step) {
-      uint4 wv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) wv[u] = load_stream(wr + k0 + u * step);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) fma_rows(wv[u], k0 + u * step);
     }
-    for (; k0 < k; k0 += step) fma_rows(load_stream(wr + k0), k0);
-  }
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
-  if (wpr > 1) {
+    for (int m = 0; m < M; ++m) ss[m] = warp_sum(ss[m]);
     if (lane == 0)
 #pragma unroll
-      for (int m = 0; m < M; ++m) red[warp][m] = acc[m];
+      for (int m = 0; m < M; ++m) s_sum[warp][m] = ss[m];
+    __syncthreads();
+    float rstd[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float t = 0.0f;
+#pragma unroll
+      for (int w8 = 0; w8 < warps; ++w8) t += s_sum[w8][m];
+      rstd[m] = rsqrtf(t / static_cast<float>(k) + p.eps);
+    }
+    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+      float g[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float x[V];
+        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[v] = to_f32(from_f32<T>(x[v] * rstd[m])) * g[v];
+        *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
+      }
+    }
+    __syncthreads();
+    act = s_act;
+  }
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  if (active) {
+    // A batch of U loads per weight row, then its FMAs. (Double-buffering the batches measured
+    // slower: the extra registers cost occupancy, and the GPU already overlaps warps.)
+    for (int kb = k0; kb < k; kb += U * step) {
+      if (kb != k0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (kb + u * step < k) cur[r][u] = load_stream(wr[r] + kb + u * step);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kk = kb + u * step;
+        if (kk >= k) break;
+        float wf[R][V];
+#pragma unroll
+        for (int r = 0; r < R; ++r) unpack<T>(cur[r][u], wf[r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float af[V];
+          unpack<T>(*reinterpret_cast<const uint4*>(act + static_cast<std::int64_t>(m) * k + kk), af);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[r][m] += wf[r][i] * af[i];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+  if (p.wpr > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) red[warp][r][m] = acc[r][m];
     __syncthreads();
     if (part != 0) return;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float s = 0.0f;
-      for (int p = 0; p < wpr; ++p) s += red[warp + p][m];  // fixed order: deterministic
-      acc[m] = s;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float s = 0.0f;
+        for (int q = 0; q < p.wpr; ++q) s += red[warp + q][r][m];  // fixed order: deterministic
+        acc[r][m] = s;
+      }
   }
   if (lane == 0 && active) {
-    const float b = bias ? to_f32(bias[col]) : 0.0f;
+    OutT* out = static_cast<OutT*>(p.out);
+    if constexpr (Swiglu) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) finish(out + static_cast<std::int64_t>(m) * ldo + col, acc[m], b, beta);
+      for (int m = 0; m < M; ++m) {
+        const float g = to_f32(from_f32<T>(acc[0][m])), u = to_f32(from_f32<T>(acc[1][m]));
+        const float s = to_f32(from_f32<T>(g / (1.0f + expf(-g))));
+        out[static_cast<std::int64_t>(m) * p.ldo + col] = from_f32<OutT>(s * u);
+      }
+    } else {
+      const float b = p.bias ? to_f32(p.bias[col]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) finish(out + static_cast<std::int64_t>(m) * p.ldo + col, acc[0][m], b, p.beta);
+    }
   }
 }
 
@@ -226,6 +349,24 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
+void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
+  OutInArgs<T> p = args;
+  const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
+  auto* kernel = gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>;
+  // Warps per column: measured on the H200 (Qwen3-8B decode shapes, ncu, a sweep of fixed
+  // splits), splitting K over more warps pays until the grid holds about 128 warps per SM
+  // (o_proj and down_proj: 4 warps per column, 14.3 and 32.4 us instead of 15.5 and 38.8 with one);
+  // the fused-norm variant redoes its prologue in every block, so it stops at half that
+  // (q|k|v: one warp per column, 17.3 us; 21.5 with four). A lane keeps at least two loads.
+  const std::int64_t most_warps = std::int64_t{Norm ? 64 : 128} * sm_count;
+  const std::int64_t rows = std::int64_t{p.n} * (Swiglu ? 2 : 1);
+  p.wpr = 1;
+  while (p.wpr < warps && rows * p.wpr * 2 <= most_warps && p.k >= 2 * 32 * vec_of<T> * p.wpr * 2) p.wpr *= 2;
+  const int cols_per_block = warps / p.wpr;
+  launch_pdl(kernel, dim3((p.n + cols_per_block - 1) / cols_per_block), dim3(warps * 32), smem, stream, p);
+}
+
 template <typename T, typename OutT, int M>
 void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, const T* a, const T* w,
               const T* bias, float beta, int n, int k, const InOutShape& sh, float* partial,
@@ -234,13 +375,8 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
     gemv_in_out_kernel<T, M, OutT><<<dim3(sh.tiles, sh.parts), warps * 32, 0, stream>>>(
         out, ldo, a, w, bias, beta, n, k, sh.chunk, partial, tickets);
   } else {
-    // Warps per column: enough warps to fill the GPU (about 32 per SM) while each still streams
-    // at least two vectors of its column.
-    int wpr = 1;
-    while (wpr < warps && n * wpr < 32 * sm_count && k >= 2 * 32 * vec_of<T> * wpr * 2) wpr *= 2;
-    const int cols_per_block = warps / wpr;
-    gemv_out_in_kernel<T, M, OutT><<<(n + cols_per_block - 1) / cols_per_block, warps * 32, 0, stream>>>(
-        out, ldo, a, w, bias, beta, n, k, wpr);
+    const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
+    launch_out_in<T, M, OutT, false, false>(stream, p, sm_count);
   }
 }
 
@@ -259,13 +395,32 @@ void launch_typed(cudaStream_t stream, bool in_out, void* out, std::int64_t ldo,
     XSERV_GEMV_CASE(2)
     XSERV_GEMV_CASE(3)
     XSERV_GEMV_CASE(4)
-    XSERV_GEMV_CASE(5)
-    XSERV_GEMV_CASE(6)
-    XSERV_GEMV_CASE(7)
-    XSERV_GEMV_CASE(8)
 #undef XSERV_GEMV_CASE
-    default: break;
+    default: break;  // max_gemv_rows
   }
+}
+
+template <typename T, bool Swiglu>
+void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm_count) {
+  switch (m) {
+#define XSERV_GEMV_CASE(M) \
+  case M: launch_out_in<T, M, T, true, Swiglu>(stream, p, sm_count); break;
+    XSERV_GEMV_CASE(1)
+    XSERV_GEMV_CASE(2)
+    XSERV_GEMV_CASE(3)
+    XSERV_GEMV_CASE(4)
+#undef XSERV_GEMV_CASE
+    default: break;  // max_gemv_rows
+  }
+}
+
+template <typename T>
+void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const void* norm_weight,
+                            float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count) {
+  const OutInArgs<T> p{out, n, static_cast<const T*>(x), static_cast<const T*>(w), nullptr, 0.0f,
+                       n, k, 1, static_cast<const T*>(norm_weight), eps};
+  if (swiglu) launch_norm_typed<T, true>(stream, p, m, sm_count);
+  else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
 
 }  // namespace
@@ -278,6 +433,7 @@ bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::
   if (m < 1 || m > max_gemv_rows || n < 1 || k < 1 || n >= (std::int64_t{1} << 31) ||
       k >= (std::int64_t{1} << 31) || !aligned(w))
     return false;
+  if (m > 1 && n * k * static_cast<std::int64_t>(dtype_size(dt)) > max_gemv_multirow_weight_bytes) return false;
   return in_out ? n % v == 0 : (k % v == 0 && aligned(a));
 }
 
@@ -306,6 +462,26 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
     launch_typed<bf16, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
   } else {
     launch_typed<bf16, bf16>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
+  }
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const void* x, const void* norm_weight, const void* w) noexcept {
+  return gemv_supported(dt, false, m, n, k, x, w) &&
+         reinterpret_cast<std::uintptr_t>(norm_weight) % 16 == 0 &&
+         static_cast<std::size_t>(m * k) * dtype_size(dt) <= max_gemv_norm_smem;
+}
+
+void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
+                      const void* norm_weight, float eps, const void* w, bool swiglu,
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count) {
+  if (m == 0 || n == 0) return;
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (dt == DType::f32) {
+    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
+  } else {
+    launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

@@ -13,6 +13,12 @@
 
 namespace xserv::cuda {
 
+// Whether kernels that support it are launched with programmatic dependent launch (see
+// launch_pdl in common.cuh): only with XSERV_CUDA_PDL=1. Off by default because it measured
+// slower: Qwen3-8B decode at batch 1 on the H200, 203.1 tok/s with it and 206.3 without
+// (docs/benchmarks.md), the graph replay already leaving no gaps between kernels.
+bool pdl_enabled() noexcept;
+
 // embedding.cu
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
                       const void* table, const void* pos_table, const std::int32_t* positions,
@@ -42,7 +48,12 @@ void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n
 // dt (f32 or bf16), out in dt or f32; W [N, K] (in_out = false) or [K, N] (in_out = true). The
 // weight-streaming path of decode steps. in_out GEMMs split K over blocks and need
 // gemv_scratch_floats() floats of scratch and gemv_tickets() zeroed counters (left zeroed).
-constexpr std::int64_t max_gemv_rows = 8;
+// When the GEMV kernels beat cuBLASLt (measured on the H200, decode ms/step, GEMV / cuBLASLt):
+// one row always (Qwen3-8B 4.90 / 5.34); 2-4 rows only for small weights (Qwen3-0.6B at batch 4
+// 1.40 / 1.53, GPT-2 0.81 / 0.89), not for Qwen3-8B's 33-201 MB ones (batch 2 5.47 / 5.38,
+// batch 4 7.16 / 5.42: every weight load re-reads M activation vectors from L1).
+constexpr std::int64_t max_gemv_rows = 4;
+constexpr std::int64_t max_gemv_multirow_weight_bytes = std::int64_t{16} << 20;
 bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k,
                     const void* a, const void* w) noexcept;
 std::size_t gemv_scratch_floats(DType dt, bool in_out, std::int64_t m, std::int64_t n,
@@ -52,6 +63,20 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
                  std::int64_t ldo, const void* a, const void* w, const void* bias, float beta,
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
                  unsigned* tickets);
+
+// The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
+// two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as
+// launch_norm then launch_gemv would; with swiglu, W holds 2n rows (gate, then up) and
+// out[m, j] = silu(y[m, j]) * y[m, n + j] as launch_swiglu rounds it. out is [m, n] in dt.
+// Each block normalises the rows into shared memory, m * k elements: up to max_gemv_norm_smem
+// bytes (one or two 4096-wide bf16 rows) that prologue is cheaper than a separate norm kernel;
+// past it (larger batches) the separate kernels run.
+constexpr std::size_t max_gemv_norm_smem = 16 * 1024;
+bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const void* x, const void* norm_weight, const void* w) noexcept;
+void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
+                      const void* norm_weight, float eps, const void* w, bool swiglu,
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
 
 // rope_kv.cu
 constexpr int max_head_dim = 256;

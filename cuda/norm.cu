@@ -21,6 +21,7 @@ __global__ void norm_kernel(T* out, const T* x, T* residual, const T* weight, co
                             float eps, std::int64_t dim) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
+  allow_dependents();  // a following GEMV may start loading its weights
   const T* xr = x + row * dim;
   T* rr = residual ? residual + row * dim : nullptr;
   T* o = out + row * dim;
@@ -67,6 +68,7 @@ __global__ void norm_registers_kernel(T* out, const T* x, T* residual, const T* 
                                       const T* bias, float eps, int dim) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
+  allow_dependents();  // a following GEMV may start loading its weights
   const T* xr = x + row * dim;
   T* rr = residual ? residual + row * dim : nullptr;
   T* o = out + row * dim;

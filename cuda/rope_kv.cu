@@ -21,6 +21,8 @@ constexpr int warps = 8;
 template <typename T>
 __global__ void qk_transform_store_kernel(const QkTransformParams p) {
   __shared__ float stage[warps][max_head_dim];
+  allow_dependents();
+  grid_dependency_wait();  // launched early (launch_pdl): qkv is the previous kernel's output
   const int row = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = p.head_dim;
@@ -81,11 +83,10 @@ void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformP
   if (p.rows == 0) return;
   const dim3 grid(p.rows, (p.n_q_heads + 2 * p.n_kv_heads + warps - 1) / warps);
   if (dt == DType::f32) {
-    qk_transform_store_kernel<float><<<grid, warps * 32, 0, stream>>>(p);
+    launch_pdl(qk_transform_store_kernel<float>, grid, dim3(warps * 32), 0, stream, p);
   } else {
-    qk_transform_store_kernel<__nv_bfloat16><<<grid, warps * 32, 0, stream>>>(p);
+    launch_pdl(qk_transform_store_kernel<__nv_bfloat16>, grid, dim3(warps * 32), 0, stream, p);
   }
-  XSERV_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace xserv::cuda

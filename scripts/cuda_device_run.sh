@@ -5,6 +5,8 @@
 #                                       parity and benchmarks next to transformers
 #   scripts/cuda_device_run.sh big     Qwen3-8B: parity, load time, prefill 512, decode b1/16/64
 #                                       next to transformers
+#   scripts/cuda_device_run.sh decode  [cuda] tests, then decode speed with programmatic dependent
+#                                       launch off and on (XSERV_CUDA_PDL), per-kernel times (ncu)
 # Builds here with Ninja (about 35 s on the 16 cores), then runs.
 set -uo pipefail
 stage=${1:-check}
@@ -30,6 +32,29 @@ bench() {  # model dir, extra args; prints generate_bench's table
   "$bin/generate_bench" -m "$1" --device cuda "${@:2}" 2>&1
 }
 
+ncu_decode_step() {  # per-kernel times of two layers of a Qwen3-8B decode-shaped step
+  echo "== kernel times, Qwen3-8B decode (ncu, two layers of a decode-shaped step)"
+  echo "[5]" >/tmp/p.txt  # one token: the prefill is a decode-shaped step (GEMV, split-KV attention)
+  timeout 90 ncu --clock-control none --launch-skip 25 --launch-count 14 \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    --csv /tmp/b/tests/cuda/xserv_logits_dump -m /tmp/models/qwen3-8b --prompts /tmp/p.txt --out /tmp/ncu --gen 2 \
+    >"$OUT/ncu.csv" 2>&1
+  python3 - "$OUT/ncu.csv" <<'PY' || tail -5 "$OUT/ncu.csv"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; ix = {h: i for i, h in enumerate(hdr)}
+k = collections.OrderedDict()
+for r in rows[1:]:
+  name = r[ix["Kernel Name"]][:60]
+  k.setdefault((r[ix["ID"]], name), {})[r[ix["Metric Name"]]] = (r[ix["Metric Value"]], r[ix["Metric Unit"]])
+for (i, name), m in k.items():
+  t = m.get("gpu__time_duration.sum", ("?", ""))
+  b = m.get("dram__bytes_read.sum", ("?", ""))
+  p = m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed", ("?", ""))
+  print(f"{name:60s} {t[0]:>10s} {t[1]:4s} {b[0]:>10s} {b[1]:6s} {p[0]:>6s}%")
+PY
+}
+
 if [ "$stage" = check ]; then
   echo "== [cuda] tests"
   timeout 150 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
@@ -53,43 +78,45 @@ if [ "$stage" = check ]; then
   }" | tee "$OUT/bench_small.txt"
   echo "== transformers"
   timeout 60 python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
+elif [ "$stage" = decode ]; then
+  echo "== [cuda] tests"
+  timeout 120 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
+  echo "== checkpoints"
+  timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
+  echo "== benchmarks"
+  timeout 200 bash -c "$(declare -f bench); bin=$bin; {
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
+    XSERV_CUDA_PDL=1 bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 8,16 --repeat 1
+    bench /tmp/models/qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1
+    bench /tmp/models/gpt2 --prompt-len 128 --gen-len 128 --batch 1
+  }" | tee "$OUT/bench_decode.txt"
+  ncu_decode_step
 elif [ "$stage" = final ]; then
   echo "== [cuda] tests"
   timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
+  echo "== compute-sanitizer memcheck (fused GEMV, attention, graphs)"
+  timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$bin/xserv_tests" "cuda rms_norm_gemm*,cuda qk_transform_store*,cuda run_graph*" 2>&1 | tail -4 | tee "$OUT/sanitizer.txt"
   echo "== checkpoints"
   timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
   cat /tmp/models/qwen3-8b/*.safetensors >/dev/null  # in the page cache, as the load goal says
   echo "== benchmarks"
-  timeout 150 bash -c "$(declare -f bench); bin=$bin; {
+  timeout 240 bash -c "$(declare -f bench); bin=$bin; {
     bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
+    XSERV_CUDA_PDL=1 bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
     bench /tmp/models/qwen3-8b --prompt-len 512 --gen-len 2 --batch 1
-    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 16,64 --repeat 1
+    bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 4,8,16,64 --repeat 1
     bench /tmp/models/gpt2 --prompt-len 128 --gen-len 128 --batch 1,16
     bench /tmp/models/qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1,16,64
   }" | tee "$OUT/bench_final.txt"
-  echo "== kernel times, Qwen3-8B decode (ncu, two layers of a decode-shaped step)"
-  echo "[5]" >/tmp/p.txt  # one token: the prefill is a decode-shaped step (GEMV, split-KV attention)
-  timeout 90 ncu --clock-control none --launch-skip 43 --launch-count 28 \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    --csv /tmp/b/tests/cuda/xserv_logits_dump -m /tmp/models/qwen3-8b --prompts /tmp/p.txt --out /tmp/ncu --gen 2 \
-    >"$OUT/ncu.csv" 2>&1
-  python3 - "$OUT/ncu.csv" <<'PY' || tail -5 "$OUT/ncu.csv"
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; ix = {h: i for i, h in enumerate(hdr)}
-k = collections.OrderedDict()
-for r in rows[1:]:
-    name = r[ix["Kernel Name"]][:60]
-    k.setdefault((r[ix["ID"]], name), {})[r[ix["Metric Name"]]] = (r[ix["Metric Value"]], r[ix["Metric Unit"]])
-for (i, name), m in k.items():
-    t = m.get("gpu__time_duration.sum", ("?", ""))
-    b = m.get("dram__bytes_read.sum", ("?", ""))
-    p = m.get("dram__throughput.avg.pct_of_peak_sustained_elapsed", ("?", ""))
-    print(f"{name:60s} {t[0]:>10s} {t[1]:4s} {b[0]:>10s} {b[1]:6s} {p[0]:>6s}%")
-PY
+  echo "== transformers"
+  timeout 100 python3 "$tools/hf_baseline.py" /tmp/models/qwen3-8b bfloat16 "$OUT/hf_8b.json" 1 2>&1 | grep -v -i warn | tail -2
   echo "== parity (with HF float32 references for bf16)"
   timeout 200 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_final.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b /tmp/models/qwen3-8b 2>&1 | grep -v -i "warn\|Loading" | tail -8
+  ncu_decode_step
 else
   echo "== [cuda] tests"
   timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1

@@ -11,6 +11,17 @@
 
 namespace xserv {
 
+void Backend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
+                            const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch) {
+  rms_norm(h_scratch, x, {}, norm_weight, eps);
+  if (!swiglu) {
+    gemm(out, h_scratch, w, WeightLayout::out_in, {});
+    return;
+  }
+  gemm(y_scratch, h_scratch, w, WeightLayout::out_in, {});
+  this->swiglu(out, y_scratch);
+}
+
 std::int32_t ForwardBatch::max_query_len() const noexcept {
   std::int32_t m = 0;
   for (std::size_t s = 0; s + 1 < query_start.size(); ++s)

@@ -134,6 +134,15 @@ class Backend {
   virtual void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                     const Tensor& bias, float beta = 0.0f, std::int64_t out_row_stride = 0) = 0;
 
+  // The input side of a pre-norm block as one op, which a backend may run as one kernel:
+  //   h = RMSNorm(x) * norm_weight        (as rms_norm without a residual)
+  //   y = h · W                            (W out_in [N, K])
+  //   out = swiglu ? silu(y[:, :N/2]) * y[:, N/2:] : y     (as swiglu: W stacks gate, then up)
+  // h_scratch [T, K] and, with swiglu, y_scratch [T, N] hold the intermediates when the steps
+  // run separately (the default implementation); their contents afterwards are unspecified.
+  virtual void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
+                             const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch);
+
   // In place on the q and k parts of qkv [T, qkv_width]: per-head RMSNorm then RoPE at each
   // row's position, as QkTransform says; then k and v of every row go to the cache at
   // slot_mapping[row].

@@ -97,8 +97,9 @@ class Qwen3 final : public Model {
   // One [sum of rows, cols] view of out_in weights that already lie back to back in memory, in
   // order; empty when they do not. A backend that copies weights (CUDA imports them in
   // declaration order into one arena) gives adjacent q/k/v and gate/up, so a decode step runs one
-  // GEMV over the stacked weight instead of three (two) small ones: fewer launches and no tail
-  // of a small grid. Views into the mmap'd checkpoint (CPU) are adjacent only by chance; then the
+  // GEMV over the stacked weight instead of three (two) small ones, with the RMSNorm before it
+  // and the SwiGLU after it fused in (rms_norm_gemm): fewer launches, no tail of a small grid.
+  // Views into the mmap'd checkpoint (CPU) are adjacent only by chance; then the
   // separate GEMMs, with the same result, run.
   static Tensor stacked(std::initializer_list<const Tensor*> parts) {
     const Tensor& first = **parts.begin();
@@ -134,10 +135,10 @@ class Qwen3 final : public Model {
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
-      be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
       if (!l.qkv_w.empty()) {
-        be.gemm(qkvt, ht, l.qkv_w, WeightLayout::out_in, {});
+        be.rms_norm_gemm(qkvt, xt, l.in_norm, c.norm_eps, l.qkv_w, false, ht, {});
       } else {
+        be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
         be.gemm(columns(qkvt, t, 0, q_out), ht, l.q_w, WeightLayout::out_in, l.q_b, 0.0f, width);
         be.gemm(columns(qkvt, t, q_out, kv_out), ht, l.k_w, WeightLayout::out_in, l.k_b, 0.0f, width);
         be.gemm(columns(qkvt, t, q_out + kv_out, kv_out), ht, l.v_w, WeightLayout::out_in, l.v_b,
@@ -147,14 +148,14 @@ class Qwen3 final : public Model {
       be.qk_transform_store(qkvt, heads, qk, b, kvl);
       be.attention(at, qkvt, heads, b, kvl, scale);
       be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, 1.0f);  // x += attn · Wo
-      be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
       if (!l.gate_up_w.empty()) {
-        be.gemm(gu, ht, l.gate_up_w, WeightLayout::out_in, {});
+        be.rms_norm_gemm(actt, xt, l.post_norm, c.norm_eps, l.gate_up_w, true, ht, gu);
       } else {
+        be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
         be.gemm(columns(gu, t, 0, inner), ht, l.gate_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
         be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+        be.swiglu(actt, gu);
       }
-      be.swiglu(actt, gu);
       be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, 1.0f);  // x += mlp
     }
     if (r == 0) return logits.rows(0, 0);

@@ -142,6 +142,44 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
   }
 }
 
+TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epilogue)", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(31);
+  struct Case {
+    std::int64_t m, k, n;  // n: output columns (with SwiGLU W has 2n rows)
+  };
+  // m * k up to 8192 bf16 / 4096 f32 elements runs the fused kernel (m <= 4); the rest the
+  // separate norm, GEMM and swiglu.
+  const Case cases[] = {{1, 64, 96},   {1, 1024, 3072}, {2, 4096, 200}, {4, 1024, 300},
+                        {3, 4096, 64}, {2, 4104, 40},   {9, 512, 96},   {33, 256, 130}};
+  for (DType dt : kActs) {
+    for (const auto& c : cases) {
+      for (bool swiglu : {false, true}) {
+        INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " swiglu=" << swiglu);
+        const std::int64_t rows = swiglu ? 2 * c.n : c.n;
+        auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
+        auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+        for (auto& v : g) v += 1.0f;
+        auto w = randn(rng, static_cast<std::size_t>(rows * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
+        for (auto* v : {&x, &g, &w}) round_through(*v, dt);
+        std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size()),
+            y(static_cast<std::size_t>(c.m * rows));
+        be.cpu.rms_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}),
+                             1e-6f, host_view(w, {rows, c.k}), swiglu, host_view(h, {c.m, c.k}),
+                             swiglu ? host_view(y, {c.m, rows}) : Tensor());
+        Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {c.m, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
+                              be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
+                              swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor());
+        // Values are O(1). bf16: the normalised rows, y and silu(y) are rounded as HF rounds
+        // them, the CPU keeps f32.
+        require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 2.5e-2, dt == DType::f32 ? 1e-4 : 2e-2);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda gelu, swiglu and gather_rows", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
