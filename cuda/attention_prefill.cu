@@ -6,10 +6,11 @@
 // long prompt attends to the cached prefix as well as to itself.
 // Launch: grid (ceil(max_query_len / 64), n_q_heads, num_seqs), 128 threads = 4 warps; a block
 // owns 64 query rows of one head, each warp 16 of them. Per 64-key tile: the block stages K and V
-// in shared memory (16-byte loads, keys past the context zero-filled), each warp computes
-// S = Q K^T with wmma (bf16 in, f32 out), an online softmax on its rows (two lanes per row),
-// P (bf16) V with wmma, and rescales its f32 output rows in shared memory. Tiles entirely above a
-// warp's diagonal are skipped.
+// in shared memory (16-byte loads, all of a thread's in flight together; keys past the context
+// zero-filled), each warp computes S = Q K^T with wmma (bf16 in, f32 out), an online softmax on
+// its rows (two lanes per row), rescales its f32 output rows in shared memory and accumulates
+// P (bf16) V into them with wmma. Tiles entirely above a warp's diagonal are skipped. About
+// 101 KB of shared memory per block (head_dim 128), so two blocks share an SM.
 #include <mma.h>
 
 #include "cuda/common.cuh"
@@ -27,15 +28,17 @@ constexpr int block_q = 64, block_k = 64, threads = 128, warps = threads / 32;
 template <int D>
 struct Layout {
   static constexpr int ldh = D + 8;        // bf16 tiles: row stride (elements), padded vs banks
-  static constexpr int lds = D + 4;        // f32 scratch (S is 16 x 64, O_tmp 16 x D)
-  static constexpr int ldp = block_k + 8;  // bf16 P
+  static constexpr int lds = block_k + 4;  // f32 S [16, 64] of a warp
+  static constexpr int ldp = block_k + 8;  // bf16 P [16, 64], written over S once S is read
+  static constexpr int ldo = D + 4;        // f32 O [16, D] of a warp
   static constexpr int q_bytes = block_q * ldh * 2;
   static constexpr int kv_bytes = block_k * ldh * 2;
   static constexpr int scratch_bytes = 16 * lds * 4;
-  static constexpr int o_bytes = 16 * D * 4;
-  static constexpr int p_bytes = 16 * ldp * 2;
-  static constexpr int warp_bytes = scratch_bytes + o_bytes + p_bytes;
+  static constexpr int o_bytes = 16 * ldo * 4;
+  static constexpr int warp_bytes = scratch_bytes + o_bytes;
+  // About 101 KB for D = 128: two blocks fit on an SM.
   static constexpr int total = q_bytes + 2 * kv_bytes + warps * warp_bytes;
+  static_assert(16 * ldp * 2 <= scratch_bytes && ldp * 2 <= lds * 4, "P must fit over S");
 };
 
 template <int D>
@@ -48,8 +51,8 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned char* wbase = smem + Lay::q_bytes + 2 * Lay::kv_bytes + warp * Lay::warp_bytes;
   float* s_scratch = reinterpret_cast<float*>(wbase);
+  bf16* s_p = reinterpret_cast<bf16*>(wbase);  // over S, after the softmax has read it
   float* s_o = reinterpret_cast<float*>(wbase + Lay::scratch_bytes);
-  bf16* s_p = reinterpret_cast<bf16*>(wbase + Lay::scratch_bytes + Lay::o_bytes);
 
   const int tile = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
   const int q0 = p.query_start[seq];
@@ -82,25 +85,40 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
   const bool row_valid = warp_row0 + r < rows_here;
   const int q_pos = first_pos + row0 + warp_row0 + r;
   float m_r = -CUDART_INF_F, l_r = 0.0f;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) s_o[r * D + c] = 0.0f;
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); c += 4)
+    *reinterpret_cast<float4*>(s_o + r * Lay::ldo + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
   for (int kt = 0; kt <= last_key; kt += block_k) {
     __syncthreads();  // everyone is done with the previous K/V tile (and Q is staged)
-    for (int c = tid; c < block_k * chunks; c += threads) {
-      const int kr = c / chunks, cc = c % chunks;
-      const int key = kt + kr;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (key <= last_key) {
-        const std::int64_t slot =
-            static_cast<std::int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
-        const std::int64_t off = (slot * p.n_kv_heads + kvh) * D + cc * 8;
-        kv = *reinterpret_cast<const uint4*>(kc + off);
-        vv = *reinterpret_cast<const uint4*>(vc + off);
+    {
+      // All of a thread's block-table reads, then all of its K/V loads, then the stores: the
+      // loads of a tile are in flight together instead of one dependent round trip per chunk.
+      constexpr int per_thread = block_k * chunks / threads;
+      std::int64_t off[per_thread];
+      bool ok[per_thread];
+#pragma unroll
+      for (int i = 0; i < per_thread; ++i) {
+        const int c = tid + i * threads;
+        const int key = kt + c / chunks;
+        ok[i] = key <= last_key;
+        off[i] = ok[i] ? (static_cast<std::int64_t>(table[key / p.block_size]) * p.block_size +
+                          key % p.block_size) * p.n_kv_heads * D + kvh * D + (c % chunks) * 8
+                       : 0;
       }
-      *reinterpret_cast<uint4*>(sk + kr * Lay::ldh + cc * 8) = kv;
-      *reinterpret_cast<uint4*>(sv + kr * Lay::ldh + cc * 8) = vv;
+      uint4 kv[per_thread], vv[per_thread];
+#pragma unroll
+      for (int i = 0; i < per_thread; ++i) {
+        kv[i] = ok[i] ? *reinterpret_cast<const uint4*>(kc + off[i]) : make_uint4(0, 0, 0, 0);
+        vv[i] = ok[i] ? *reinterpret_cast<const uint4*>(vc + off[i]) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < per_thread; ++i) {
+        const int c = tid + i * threads;
+        *reinterpret_cast<uint4*>(sk + (c / chunks) * Lay::ldh + (c % chunks) * 8) = kv[i];
+        *reinterpret_cast<uint4*>(sv + (c / chunks) * Lay::ldh + (c % chunks) * 8) = vv[i];
+      }
     }
     __syncthreads();
     if (!warp_active || kt > warp_last_pos) continue;
@@ -139,6 +157,7 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
       mx = fmaxf(mx, s);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    __syncwarp();  // every lane has read S: P may now overwrite it
     const float m_new = fmaxf(m_r, mx);
     const float alpha = m_r == -CUDART_INF_F ? 0.0f : expf(m_r - m_new);
     float sum = 0.0f;
@@ -151,13 +170,22 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l_r = l_r * alpha + sum;
     m_r = m_new;
+    // O *= alpha row by row, then O += P[16, 64] . V[64, D] straight into the rescaled O.
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); c += 4) {
+      float4* o4 = reinterpret_cast<float4*>(s_o + r * Lay::ldo + c);
+      float4 v = *o4;
+      v.x *= alpha;
+      v.y *= alpha;
+      v.z *= alpha;
+      v.w *= alpha;
+      *o4 = v;
+    }
     __syncwarp();
-
-    // O_tmp[16, D] = P[16, 64] . V[64, D], then O = O * alpha + O_tmp row by row.
     {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_acc[D / 16];
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o_acc[n], 0.0f);
+      for (int n = 0; n < D / 16; ++n)
+        wmma::load_matrix_sync(o_acc[n], s_o + n * 16, Lay::ldo, wmma::mem_row_major);
 #pragma unroll
       for (int kk = 0; kk < block_k / 16; ++kk) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
@@ -171,11 +199,8 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
       }
 #pragma unroll
       for (int n = 0; n < D / 16; ++n)
-        wmma::store_matrix_sync(s_scratch + n * 16, o_acc[n], Lay::lds, wmma::mem_row_major);
+        wmma::store_matrix_sync(s_o + n * 16, o_acc[n], Lay::ldo, wmma::mem_row_major);
     }
-    __syncwarp();
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c)
-      s_o[r * D + c] = s_o[r * D + c] * alpha + s_scratch[r * Lay::lds + c];
     __syncwarp();
   }
 
@@ -186,7 +211,7 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
   for (int c = half * (D / 2); c < (half + 1) * (D / 2); c += 8) {
     float v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = s_o[r * D + c + j] * inv;
+    for (int j = 0; j < 8; ++j) v[j] = s_o[r * Lay::ldo + c + j] * inv;
     store_f32<bf16, 8>(out + c, v);
   }
 }
