@@ -142,6 +142,7 @@ class CudaBackend final : public Backend {
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
   void run_graph(std::uint64_t key, const std::function<void()>& ops) override;
+  bool records_graphs() const noexcept override { return true; }
 
  private:
   void stage_to_device(char* dst, const char* src, std::size_t bytes);

@@ -177,6 +177,9 @@ class Backend {
     (void)key;
     ops();
   }
+  // Whether run_graph records and replays (true for CUDA): callers then gain from keeping the
+  // number of distinct keys small, e.g. by padding decode batches to a few sizes.
+  virtual bool records_graphs() const noexcept { return false; }
 };
 
 // Creates the backend for a device kind. Throws Error(unsupported) for CUDA when xserv was

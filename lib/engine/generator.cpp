@@ -19,6 +19,13 @@ std::uint64_t next_cache_epoch() noexcept {
   static std::atomic<std::uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
 }
+
+// The padded size of a decode step of n sequences: 1, 2, 4, then multiples of 8.
+std::int32_t padded_decode_size(std::int32_t n) noexcept {
+  if (n <= 2) return n;
+  if (n <= 4) return 4;
+  return (n + 7) / 8 * 8;
+}
 }  // namespace
 
 std::string_view finish_reason_name(FinishReason r) noexcept {
@@ -176,18 +183,26 @@ std::vector<GenerationResult> Generator::generate(std::span<const GenerationRequ
     blocks_largest = std::max<std::int64_t>(blocks_largest, blocks_for(s));
   }
   if (blocks_total == 0) return results;
-  ensure_cache(blocks_total, blocks_largest);
+  Backend& backend = model_.backend();
+  const bool pad = options_.pad_decode_batches.value_or(backend.records_graphs());
+  ensure_cache(blocks_total + (pad ? 1 : 0), blocks_largest);
 
   // Whatever happens (a callback throwing included), every block goes back to the pool.
   struct Release {
     std::vector<Sequence>& seqs;
     kv::BlockAllocator& pool;
+    std::int32_t padding_block = -1;
     ~Release() {
       for (auto& s : seqs) s.table.release(pool);
+      if (padding_block >= 0) pool.free(padding_block);
     }
   } release{seqs, cache_->blocks()};
+  // The padding rows' block; only when every sequence still fits in the rest of the pool (a
+  // fixed pool may be exactly as large as the largest sequence: then no padding).
+  if (pad && blocks_largest < cache_->num_blocks() && cache_->blocks().num_free() > 0)
+    release.padding_block = cache_->blocks().allocate();
+  const std::int32_t padding_block = release.padding_block;
 
-  Backend& backend = model_.backend();
   ForwardBatch batch;
   SamplingBatch sampling;
   std::vector<Sequence*> order;
@@ -290,16 +305,38 @@ std::vector<GenerationResult> Generator::generate(std::span<const GenerationRequ
       sampling.output_start.push_back(static_cast<std::int32_t>(sampling.output_tokens.size()));
     }
 
+    const std::int32_t real_tokens = batch.num_tokens();
+    const bool decode_only = prompt_tokens == 0 && batch.num_tokens() == batch.num_seqs();
+    if (decode_only && padding_block >= 0) {
+      // Padding rows: token 0 at position 0 in the padding block, attending to itself alone,
+      // with a logits row (so the recorded shape is the padded one) that nothing samples.
+      const std::int32_t padded = std::min({padded_decode_size(batch.num_seqs()),
+                                            model_.max_batch_tokens(), model_.max_logit_rows()});
+      batch.max_blocks_per_seq = std::max(batch.max_blocks_per_seq, 1);
+      const auto stride = static_cast<std::size_t>(batch.max_blocks_per_seq);
+      for (std::int32_t i = batch.num_seqs(); i < padded; ++i) {
+        batch.token_ids.push_back(0);
+        batch.positions.push_back(0);
+        batch.slot_mapping.push_back(padding_block * cache_->block_size());
+        batch.query_start.push_back(static_cast<std::int32_t>(batch.token_ids.size()));
+        batch.context_lens.push_back(1);
+        batch.block_tables.push_back(padding_block);
+        batch.block_tables.resize(batch.context_lens.size() * stride, 0);
+        batch.logit_rows.push_back(batch.query_start.back() - 1);
+      }
+    }
+
     const auto t0 = Clock::now();
     const DeviceBatch device_batch = backend.upload_batch(batch);
     Tensor logits;
-    if (prompt_tokens == 0 && batch.num_tokens() == batch.num_seqs()) {
-      // Same launch shapes every step at this batch size: the backend may record and replay.
+    if (decode_only) {
+      // Same launch shapes every step at this (padded) size: the backend may record and replay.
       backend.run_graph((cache_epoch_ << 32) | static_cast<std::uint64_t>(batch.num_seqs()),
                         [&] { logits = model_.forward(device_batch, *cache_); });
       Tensor& kept = decode_logits_[batch.logit_rows.size()];
       if (logits.empty()) logits = kept;
       else kept = logits;
+      logits = logits.rows(0, static_cast<std::int64_t>(sampling.rows.size()));  // the real rows
     } else {
       logits = model_.forward(device_batch, *cache_);
     }
@@ -312,7 +349,7 @@ std::vector<GenerationResult> Generator::generate(std::span<const GenerationRequ
       stats_.prefill_tokens += prompt_tokens;
       stats_.prefill_seconds += dt;
     } else {
-      stats_.decode_tokens += batch.num_tokens();
+      stats_.decode_tokens += real_tokens;
       stats_.decode_seconds += dt;
     }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -62,6 +63,11 @@ struct GeneratorOptions {
   std::int32_t block_size = 16;
   // KV pool: 0 sizes it (grow only) for each generate() call's requests; > 0 fixes it once.
   std::size_t kv_memory_bytes = 0;
+  // Pure decode steps padded to 1, 2, 4 or a multiple of 8 sequences, so a backend that records
+  // graphs (CUDA) keeps one recording per padded size instead of one per batch size as
+  // sequences finish. The padding rows attend to themselves in a KV block set aside for them
+  // and are sampled nowhere. Unset: on when the backend records graphs.
+  std::optional<bool> pad_decode_batches;
 };
 
 // Wall time of the last generate() call, split by whether a step held prompt tokens.
@@ -101,7 +107,7 @@ class Generator {
   GeneratorOptions options_;
   std::vector<std::int32_t> eos_ids_;
   std::unique_ptr<kv::KvCache> cache_;
-  // Pure decode steps go through Backend::run_graph keyed by (cache_epoch_, batch size); each KV
+  // Pure decode steps go through Backend::run_graph keyed by (cache_epoch_, padded size); each KV
   // pool gets a process-unique epoch since recordings hold its addresses. A replay returns no
   // tensor, so the logits view of each recorded size is kept (the model's workspace, never moved).
   std::uint64_t cache_epoch_ = 0;
