@@ -15,6 +15,7 @@
 // Requires K (out_in) or N (in_out) to be a multiple of the 16-byte vector and 16-byte aligned
 // W (and a for out_in); the caller falls back to cuBLASLt otherwise.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -380,38 +381,35 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
   }
 }
 
+// Calls f(std::integral_constant<int, M>{}) for the runtime row count m: the kernels are
+// compiled per row count.
+template <typename F>
+void dispatch_rows(int m, F&& f) {
+  static_assert(max_gemv_rows == 4, "one case per row count");
+  switch (m) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    default: break;  // gemv_supported() refused it
+  }
+}
+
 template <typename T, typename OutT>
 void launch_typed(cudaStream_t stream, bool in_out, void* out, std::int64_t ldo, const void* a,
                   const void* w, const void* bias, float beta, int m, int n, int k,
                   const InOutShape& sh, float* partial, unsigned* tickets, int sm_count) {
-  auto* o = static_cast<OutT*>(out);
-  auto* at = static_cast<const T*>(a);
-  auto* wt = static_cast<const T*>(w);
-  auto* bt = static_cast<const T*>(bias);
-  switch (m) {
-#define XSERV_GEMV_CASE(M) \
-  case M: launch_m<T, OutT, M>(stream, in_out, o, ldo, at, wt, bt, beta, n, k, sh, partial, tickets, sm_count); break;
-    XSERV_GEMV_CASE(1)
-    XSERV_GEMV_CASE(2)
-    XSERV_GEMV_CASE(3)
-    XSERV_GEMV_CASE(4)
-#undef XSERV_GEMV_CASE
-    default: break;  // max_gemv_rows
-  }
+  dispatch_rows(m, [&](auto rows) {
+    launch_m<T, OutT, decltype(rows)::value>(stream, in_out, static_cast<OutT*>(out), ldo,
+                                             static_cast<const T*>(a), static_cast<const T*>(w),
+                                             static_cast<const T*>(bias), beta, n, k, sh, partial,
+                                             tickets, sm_count);
+  });
 }
 
 template <typename T, bool Swiglu>
 void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm_count) {
-  switch (m) {
-#define XSERV_GEMV_CASE(M) \
-  case M: launch_out_in<T, M, T, true, Swiglu>(stream, p, sm_count); break;
-    XSERV_GEMV_CASE(1)
-    XSERV_GEMV_CASE(2)
-    XSERV_GEMV_CASE(3)
-    XSERV_GEMV_CASE(4)
-#undef XSERV_GEMV_CASE
-    default: break;  // max_gemv_rows
-  }
+  dispatch_rows(m, [&](auto rows) { launch_out_in<T, decltype(rows)::value, T, true, Swiglu>(stream, p, sm_count); });
 }
 
 template <typename T>

@@ -32,6 +32,24 @@ bench() {  # model dir, extra args; prints generate_bench's table
   "$bin/generate_bench" -m "$1" --device cuda "${@:2}" 2>&1
 }
 
+run_cuda_tests() {  # the [cuda] tests; the log in $OUT/tests.txt, failures and totals here
+  echo "== [cuda] tests"
+  timeout "$1" "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
+}
+
+sanitize() {  # test-name patterns, log file: compute-sanitizer memcheck over those tests
+  echo "== compute-sanitizer memcheck ($1)"
+  timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$bin/xserv_tests" "$1" 2>&1 | tail -6 | tee "$OUT/$2"
+}
+
+checkpoints() {  # make_random_model.py names; Qwen3-8B's files end up in the page cache
+  echo "== checkpoints"
+  timeout 150 python3 "$tools/make_random_model.py" /tmp/models "$@" 2>&1 | grep make_models
+  if [ -d /tmp/models/qwen3-8b ]; then cat /tmp/models/qwen3-8b/*.safetensors >/dev/null; fi
+}
+
 ncu_decode_step() {  # per-kernel times of two layers of a Qwen3-8B decode-shaped step
   echo "== kernel times, Qwen3-8B decode (ncu, two layers of a decode-shaped step)"
   echo "[5]" >/tmp/p.txt  # one token: the prefill is a decode-shaped step (GEMV, split-KV attention)
@@ -56,15 +74,9 @@ PY
 }
 
 if [ "$stage" = check ]; then
-  echo "== [cuda] tests"
-  timeout 150 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "seconds|passed|failed|FAILED|REQUIRE|CHECK|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -40
-  echo "== compute-sanitizer memcheck (ops, sampling, graphs)"
-  timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    "$bin/xserv_tests" "cuda embedding*,cuda layer_norm*,cuda gelu*,cuda run_graph*,cuda sample matches*,cuda qk_transform_store*" \
-    2>&1 | tail -25 | tee "$OUT/sanitizer.txt"
-  echo "== random checkpoints"
-  timeout 90 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b 2>&1 | grep make_models
+  run_cuda_tests 150
+  sanitize "cuda embedding*,cuda layer_norm*,cuda gelu*,cuda run_graph*,cuda sample matches*,cuda qk_transform_store*" sanitizer.txt
+  checkpoints gpt2 qwen3-0.6b
   echo "== parity"
   timeout 100 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_small.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b 2>&1 | grep -v Warning | tail -12
   echo "== benchmarks"
@@ -79,11 +91,8 @@ if [ "$stage" = check ]; then
   echo "== transformers"
   timeout 60 python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
 elif [ "$stage" = decode ]; then
-  echo "== [cuda] tests"
-  timeout 120 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
-  echo "== checkpoints"
-  timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
+  run_cuda_tests 120
+  checkpoints gpt2 qwen3-0.6b qwen3-8b
   echo "== benchmarks"
   timeout 200 bash -c "$(declare -f bench); bin=$bin; {
     bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
@@ -94,15 +103,9 @@ elif [ "$stage" = decode ]; then
   }" | tee "$OUT/bench_decode.txt"
   ncu_decode_step
 elif [ "$stage" = final ]; then
-  echo "== [cuda] tests"
-  timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
-  echo "== compute-sanitizer memcheck (fused GEMV, attention, graphs)"
-  timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    "$bin/xserv_tests" "cuda rms_norm_gemm*,cuda qk_transform_store*,cuda run_graph*" 2>&1 | tail -4 | tee "$OUT/sanitizer.txt"
-  echo "== checkpoints"
-  timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
-  cat /tmp/models/qwen3-8b/*.safetensors >/dev/null  # in the page cache, as the load goal says
+  run_cuda_tests 100
+  sanitize "cuda rms_norm_gemm*,cuda qk_transform_store*,cuda run_graph*" sanitizer.txt
+  checkpoints gpt2 qwen3-0.6b qwen3-8b
   echo "== benchmarks"
   timeout 240 bash -c "$(declare -f bench); bin=$bin; {
     bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1
@@ -118,15 +121,9 @@ elif [ "$stage" = final ]; then
   timeout 200 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_final.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b /tmp/models/qwen3-8b 2>&1 | grep -v -i "warn\|Loading" | tail -8
   ncu_decode_step
 else
-  echo "== [cuda] tests"
-  timeout 100 "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
-  echo "== compute-sanitizer memcheck (GEMM/GEMV, sampling, attention)"
-  timeout 80 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    "$bin/xserv_tests" "cuda gemm*,cuda sample*,cuda: decode steps*" 2>&1 | tail -6 | tee "$OUT/sanitizer2.txt"
-  echo "== checkpoints"
-  timeout 150 python3 "$tools/make_random_model.py" /tmp/models gpt2 qwen3-0.6b qwen3-8b 2>&1 | grep make_models
-  cat /tmp/models/qwen3-8b/*.safetensors >/dev/null  # in the page cache, as the load goal says
+  run_cuda_tests 100
+  sanitize "cuda gemm*,cuda sample*,cuda: decode steps*" sanitizer2.txt
+  checkpoints gpt2 qwen3-0.6b qwen3-8b
   echo "== benchmarks"
   timeout 200 bash -c "$(declare -f bench); bin=$bin; {
     bench /tmp/models/qwen3-8b --prompt-len 128 --gen-len 128 --batch 1

@@ -18,6 +18,7 @@ using namespace xserv::test;
 
 namespace {
 
+using test::decode_batch;
 using test::prefill_batch;
 
 // f32 models: HF's f32 logits within 1e-4 of the row's scale and the same greedy ids; 16-bit
@@ -104,17 +105,7 @@ TEST_CASE("cuda: decode steps replayed from a CUDA graph equal eager steps", "[c
       greedy.rows[0].temperature = 0.0f;
       backend->sample(logits, greedy, &id);
       for (std::int32_t step = 0; step < 12; ++step) {
-        const std::int32_t pos = n + step;
-        ForwardBatch d;
-        d.token_ids = {id};
-        d.positions = {pos};
-        d.slot_mapping = {table.slot(pos)};
-        d.query_start = {0, 1};
-        d.context_lens = {pos + 1};
-        d.block_tables = table.blocks();
-        d.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
-        d.logit_rows = {0};
-        const DeviceBatch db = backend->upload_batch(d);
+        const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
         Tensor out;
         if (graphs) {
           backend->run_graph(7, [&] { out = model->forward(db, cache); });

@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
+#include "support/golden.hpp"
 
 using namespace xserv;
 
@@ -96,18 +97,9 @@ int main(int argc, char** argv) try {
     const auto t = static_cast<std::int32_t>(prompt.size());
     kv::BlockTable table(block_size);
     table.ensure_capacity(cache.blocks(), t + gen);
-    ForwardBatch b;
-    b.token_ids = prompt;
-    for (std::int32_t p = 0; p < t; ++p) {
-      b.positions.push_back(p);
-      b.slot_mapping.push_back(table.slot(p));
-      b.logit_rows.push_back(p);
-    }
-    b.query_start = {0, t};
-    b.context_lens = {t};
-    b.block_tables = table.blocks();
-    b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
-    Tensor logits = model->forward(b, cache);
+    std::vector<std::int32_t> every_row(static_cast<std::size_t>(t));
+    for (std::int32_t p = 0; p < t; ++p) every_row[static_cast<std::size_t>(p)] = p;
+    Tensor logits = model->forward(test::prefill_batch(prompt, table, every_row), cache);
     host.resize(static_cast<std::size_t>(logits.numel()));
     backend->download(host.data(), logits);
     bin.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(host.size() * 4));
@@ -120,16 +112,7 @@ int main(int argc, char** argv) try {
     backend->sample(logits.rows(t - 1, 1), greedy, &id);
     ids.push_back(id);
     for (std::int32_t g = 1; g < gen; ++g) {
-      const std::int32_t pos = t + g - 1;
-      ForwardBatch d;
-      d.token_ids = {id};
-      d.positions = {pos};
-      d.slot_mapping = {table.slot(pos)};
-      d.query_start = {0, 1};
-      d.context_lens = {pos + 1};
-      d.block_tables = table.blocks();
-      d.max_blocks_per_seq = b.max_blocks_per_seq;
-      d.logit_rows = {0};
+      const ForwardBatch d = test::decode_batch(id, t + g - 1, table);
       d.validate(block_size);
       const DeviceBatch db = backend->upload_batch(d);
       Tensor step;

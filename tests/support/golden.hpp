@@ -1,6 +1,6 @@
 // Reading the Hugging Face golden fixtures (tests/data/models/*/golden.json, made by
-// tests/reference/make_model_fixtures.py) and building the one-sequence prefill batch that the
-// parity tests of every backend run.
+// tests/reference/make_model_fixtures.py) and building the one-sequence prefill and decode
+// batches that the parity tests of every backend (and tests/cuda/logits_dump) run.
 #pragma once
 
 #include <simdjson.h>
@@ -54,6 +54,20 @@ inline ForwardBatch prefill_batch(const std::vector<std::int32_t>& prompt,
   b.block_tables = table.blocks();
   b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
   b.logit_rows = logit_rows;
+  return b;
+}
+
+// One token of the sequence at position `pos` (a decode step), its K/V going to `table`'s slot.
+inline ForwardBatch decode_batch(std::int32_t token, std::int32_t pos, const kv::BlockTable& table) {
+  ForwardBatch b;
+  b.token_ids = {token};
+  b.positions = {pos};
+  b.slot_mapping = {table.slot(pos)};
+  b.query_start = {0, 1};
+  b.context_lens = {pos + 1};
+  b.block_tables = table.blocks();
+  b.max_blocks_per_seq = static_cast<std::int32_t>(table.blocks().size());
+  b.logit_rows = {0};
   return b;
 }
 
