@@ -98,7 +98,8 @@ struct OutInArgs {
 //   the dot products read it from there.
 // - Swiglu: W holds 2N rows (gate, then up); the warp of column j also streams row N + j and
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
-// Launched with launch_pdl: the first weight loads are issued before grid_dependency_wait().
+// Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
+// so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
 template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
