@@ -494,15 +494,15 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
                          out.shape[0] == x.shape[0] && (!swiglu || w.shape[0] % 2 == 0) &&
                          out.shape[1] == (swiglu ? w.shape[0] / 2 : w.shape[0]);
   const bool dtypes_ok = is_act(dt) && w.dtype == dt && norm_weight.dtype == dt && out.dtype == dt;
-  const std::int64_t m = x.shape[0], k = x.shape[1], n = out.shape[1];
   // Decode-sized products run as one kernel: the norm in its prologue, SwiGLU in its epilogue.
   if (shapes_ok && dtypes_ok && use_gemv_ &&
-      norm_gemv_supported(dt, m, w.shape[0], k, x.data, norm_weight.data, w.data)) {
-    launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, n, k,
-                     sm_count_);
+      norm_gemv_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data)) {
+    launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu,
+                     x.shape[0], out.shape[1], x.shape[1], sm_count_);
     return;
   }
-  Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);  // checks shapes
+  // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
+  Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
 }
 
 void CudaBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,

@@ -14,9 +14,9 @@
 namespace xserv::cuda {
 
 // Whether kernels that support it are launched with programmatic dependent launch (see
-// launch_pdl in common.cuh): only with XSERV_CUDA_PDL=1. Off by default because it measured
-// slower: Qwen3-8B decode at batch 1 on the H200, 203.1 tok/s with it and 206.3 without
-// (docs/benchmarks.md), the graph replay already leaving no gaps between kernels.
+// launch_pdl in common.cuh): only with XSERV_CUDA_PDL=1. Off by default because it measured no
+// faster: Qwen3-8B decode at batch 1 on the H200, 203.1 tok/s with it and 206.3 without, 205.0
+// and 204.0 in a later call (docs/benchmarks.md); the graph replay leaves no gaps to hide.
 bool pdl_enabled() noexcept;
 
 // embedding.cu
