@@ -48,12 +48,7 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
     REQUIRE(want->shape == logits.shape);
     const auto* ref = reinterpret_cast<const float*>(want->data);
     for (std::size_t r = 0; r < c.logit_positions.size(); ++r) {
-      float diff = 0, scale = 0;
-      for (std::int64_t v = 0; v < vocab; ++v) {
-        const std::size_t i = r * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(v);
-        diff = std::max(diff, std::fabs(got[i] - ref[i]));
-        scale = std::max(scale, std::fabs(ref[i]));
-      }
+      const auto [diff, scale] = test::row_error(got.data(), ref, r, vocab);
       INFO("row " << r << ": max diff " << diff << ", max |hf| " << scale);
       CHECK(diff <= (f32 ? 1e-4f : 5e-2f) * scale);
     }

@@ -56,12 +56,7 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
     const auto* ref = reinterpret_cast<const float*>(want->data);
     // Metric, per logits row: max |xserv - hf| <= 1e-4 * max |hf|.
     for (std::size_t r = 0; r < rows; ++r) {
-      float diff = 0, scale = 0;
-      for (std::int64_t v = 0; v < vocab; ++v) {
-        const std::size_t i = r * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(v);
-        diff = std::max(diff, std::fabs(got[i] - ref[i]));
-        scale = std::max(scale, std::fabs(ref[i]));
-      }
+      const auto [diff, scale] = test::row_error(got.data(), ref, r, vocab);
       INFO("row " << r << ": max diff " << diff << ", max |hf| " << scale);
       CHECK(diff <= 1e-4f * scale);
     }

@@ -5,6 +5,8 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +38,21 @@ inline std::vector<GoldenCase> read_golden_cases(const std::string& path) {
     cases.push_back({golden_ints(c["prompt_ids"]), golden_ints(c["logit_positions"]),
                      golden_ints(c["greedy_ids"])});
   return cases;
+}
+
+// Row r of two [rows, vocab] logits arrays: max |got - ref| and max |ref|, the terms of the
+// parity metric (diff <= tolerance * scale).
+struct RowError {
+  float diff = 0, scale = 0;
+};
+inline RowError row_error(const float* got, const float* ref, std::size_t r, std::int64_t vocab) {
+  RowError e;
+  for (std::int64_t v = 0; v < vocab; ++v) {
+    const std::size_t i = r * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(v);
+    e.diff = std::max(e.diff, std::fabs(got[i] - ref[i]));
+    e.scale = std::max(e.scale, std::fabs(ref[i]));
+  }
+  return e;
 }
 
 // The whole prompt as one sequence at positions 0.., its K/V going to `table`'s slots.
