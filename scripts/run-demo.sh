@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cmake --preset release -DXSERV_BUILD_TESTS=OFF -DXSERV_BUILD_BENCH=OFF >/dev/null
-cmake --build --preset release -j"$(nproc)" --target xserv-cli
+# Its own build folder: the test command's build/release keeps its tests whichever runs first.
+cmake --preset release -B build/demo -DXSERV_BUILD_TESTS=OFF -DXSERV_BUILD_BENCH=OFF >/dev/null
+cmake --build build/demo -j"$(nproc)" --target xserv-cli
 if [ $# -eq 0 ]; then set -- -p "ROMEO:" -n 120 --temperature 0.8 --seed 1; fi
-exec build/release/examples/cli/xserv-cli generate -m examples/models/shakespeare --device cpu "$@"
+exec build/demo/examples/cli/xserv-cli generate -m examples/models/shakespeare --device cpu "$@"

@@ -1,20 +1,43 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install missing packages, build (CUDA too when nvcc is
 # found), run every test, then build and run the tests again under ASan + UBSan.
+# Each stage prints how many tests it ran; a stage that ran none fails, and so does a build whose
+# ctest list misses a test case of the Catch2 binary (tests/check_test_count.py runs as a test).
 # Usage: scripts/test.sh [--no-sanitize]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
+summary=()
 
-cmake --preset release
-cmake --build --preset release -j"$jobs"
-ctest --preset release -j"$jobs"
+# run_stage PRESET: configure (tests and benchmarks on, whatever an earlier configure of the same
+# build folder chose, e.g. scripts/run-demo.sh), build, run ctest, record the totals.
+run_stage() {
+  local preset=$1 log
+  log=$(mktemp)
+  cmake --preset "$preset" -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_EXAMPLES=ON
+  cmake --build --preset "$preset" -j"$jobs"
+  local listed
+  listed=$(ctest --preset "$preset" -N | sed -n 's/^Total Tests: *//p')
+  if ! ctest --preset "$preset" -j"$jobs" --no-tests=error 2>&1 | tee "$log"; then
+    summary+=("$preset: FAILED ($(grep -Eo '[0-9]+ tests failed out of [0-9]+' "$log" || echo 'see above'))")
+    printf 'scripts/test.sh: %s\n' "${summary[@]}"
+    exit 1
+  fi
+  local ran
+  ran=$(sed -n 's/.*tests passed, 0 tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  rm -f "$log"
+  if [ -z "$ran" ] || [ "$ran" -eq 0 ] || [ "$ran" != "$listed" ]; then
+    echo "scripts/test.sh: stage $preset ran ${ran:-no} tests of ${listed:-?} listed" >&2
+    exit 1
+  fi
+  summary+=("$preset: $ran/$listed tests passed")
+}
 
+run_stage release
 if [ "${1:-}" != "--no-sanitize" ]; then
   # The sanitizer build skips CUDA: device code is not instrumented and the GPU is not here.
-  cmake --preset asan
-  cmake --build --preset asan -j"$jobs"
-  ctest --preset asan -j"$jobs"
+  run_stage asan
 fi
+printf 'scripts/test.sh: %s\n' "${summary[@]}"
 echo "scripts/test.sh: all tests passed"

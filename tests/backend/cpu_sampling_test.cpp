@@ -60,7 +60,7 @@ std::int32_t naive_sample(std::vector<float> logits, const SamplingRow& row) {
 
 }  // namespace
 
-TEST_CASE("sampling_uniform is deterministic, in [0, 1) and spread", "[cpu]") {
+TEST_CASE("sampling_uniform is deterministic, within the unit interval and spread", "[cpu]") {
   REQUIRE(sampling_uniform(42, 7) == sampling_uniform(42, 7));
   REQUIRE(sampling_uniform(42, 7) != sampling_uniform(42, 8));
   REQUIRE(sampling_uniform(42, 7) != sampling_uniform(43, 7));

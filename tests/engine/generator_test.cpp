@@ -47,7 +47,7 @@ std::vector<std::int32_t> iota_prompt(std::int32_t n, std::int32_t vocab) {
 
 }  // namespace
 
-TEST_CASE("Generator: same seed, same output; top_k 1 and tiny top_p are greedy", "[engine]") {
+TEST_CASE("Generator: same seed, same output, and top_k 1 and tiny top_p are greedy", "[engine]") {
   Fixture f(kTinyGpt2);
   Generator gen(*f.model, nullptr);
   const auto prompt = iota_prompt(5, 320);
