@@ -215,7 +215,8 @@ typedef enum xserv_finish_reason {
   XSERV_FINISH_NONE = 0,     /* still running */
   XSERV_FINISH_STOP = 1,     /* an end-of-sequence id, a stop token or a stop string */
   XSERV_FINISH_LENGTH = 2,   /* max_tokens or the model's context length */
-  XSERV_FINISH_CANCELLED = 3 /* the token callback returned false */
+  XSERV_FINISH_CANCELLED = 3, /* the token callback returned false, or xserv_engine_cancel */
+  XSERV_FINISH_ERROR = 4       /* the request failed (engine events: see their status) */
 } xserv_finish_reason;
 
 typedef struct xserv_generate_params {
@@ -270,6 +271,163 @@ XSERV_API xserv_status xserv_generate(xserv_model* model, const char* prompt,
                                       const xserv_generate_params* params,
                                       xserv_token_callback on_token, void* user_data,
                                       char** out_text);
+
+/* ---- engine: continuous batching driven by the host ---------------------------------------
+ *
+ * An engine owns a KV-cache pool and a scheduler over one model (several engines may share a
+ * model). The host submits requests from any thread and calls xserv_engine_step() from its own
+ * loop (a game's frame, a server's engine thread); each step runs one batched forward over every
+ * running request (prompt chunks and decodes mixed under a token budget) and delivers events:
+ * to the request's callback when it has one, otherwise to a queue read with xserv_engine_poll().
+ * With params.background_thread the engine steps on a thread of its own instead.
+ *
+ * Thread-safety: xserv_engine_submit, xserv_engine_cancel, xserv_engine_poll,
+ * xserv_engine_has_work and xserv_engine_get_stats may be called from any thread at any time.
+ * xserv_engine_step must be called from one thread at a time (not at all with
+ * background_thread). xserv_engine_free must not run concurrently with any other call on the
+ * engine. Tokenizer functions (xserv_tokenize, ...) never wait for a step.
+ *
+ * Growing structs: every params struct of the engine starts with `struct_size`, which its
+ * *_default_params() / *_init() function sets to the sizeof the caller was compiled with. Later
+ * versions only append fields; the library reads the fields that fit in struct_size and uses
+ * the defaults for the rest, so hosts compiled against an older header keep working. */
+
+typedef struct xserv_engine xserv_engine;
+/* Identifies a request within its engine; never 0 for a submitted request. */
+typedef uint64_t xserv_request_id;
+
+typedef struct xserv_engine_params {
+  size_t struct_size;         /* set by xserv_engine_default_params */
+  int32_t max_seqs;           /* requests running at once (the batch); default 256 */
+  int32_t max_batch_tokens;   /* tokens per step (prompt chunks + decodes); 0 = the model's */
+  /* KV-cache pool size, taken once at creation. kv_cache_tokens > 0 sets it in tokens; else
+   * CUDA takes gpu_memory_fraction of the device memory free after weights and workspace, and
+   * the CPU takes kv_cache_bytes (0: enough for max_seqs contexts, at most 1/4 of RAM). */
+  int64_t kv_cache_tokens;    /* default 0 */
+  float gpu_memory_fraction;  /* default 0.9; in (0, 1] */
+  uint64_t kv_cache_bytes;    /* default 0 */
+  int32_t block_size;         /* tokens per KV block; default 16 */
+  bool prefix_cache;          /* reuse the KV of shared prompt prefixes; default true */
+  int32_t max_waiting;        /* queued requests at most (submit: RESOURCE_EXHAUSTED); 0 = no limit */
+  bool background_thread;     /* step on an engine thread; default false */
+} xserv_engine_params;
+
+/* The defaults (see each field), struct_size set. Thread-safe. */
+XSERV_API xserv_engine_params xserv_engine_default_params(void);
+
+/* Creates an engine over `model` (which must outlive it). `params` may be NULL for defaults.
+ * Errors: INVALID_ARGUMENT (NULL model/out_engine, absurd params), OUT_OF_MEMORY (the KV pool
+ * does not fit), CUDA. On failure *out_engine is NULL. Thread-safe. */
+XSERV_API xserv_status xserv_engine_create(xserv_model* model, const xserv_engine_params* params,
+                                           xserv_engine** out_engine);
+
+/* Stops the background thread (if any), cancels every request (no further events) and releases
+ * the engine. NULL is a no-op. */
+XSERV_API void xserv_engine_free(xserv_engine* engine);
+
+typedef enum xserv_event_type {
+  XSERV_EVENT_TOKEN = 1,   /* a generated token; finish != NONE on a sample's last one */
+  XSERV_EVENT_FINISHED = 2, /* a sample ended without a token of its own (cancel, an error
+                               after admission, a stop string completed by held-back text) */
+} xserv_event_type;
+
+/* One of the top log-probabilities at a sampled position. */
+typedef struct xserv_top_logprob {
+  int32_t token;
+  float logprob; /* natural log of its probability under the model's own distribution
+                    (log_softmax of the logits, before temperature and penalties), as OpenAI
+                    reports it */
+} xserv_top_logprob;
+
+/* What a request produced. Pointers are valid during the callback, or (from xserv_engine_poll)
+ * until the same thread's next xserv_engine_poll call or xserv_engine_free. Fields may be added
+ * at the end in later versions. */
+typedef struct xserv_event {
+  xserv_event_type type;
+  xserv_request_id request;
+  int32_t index;           /* which sample of the request, 0 .. n-1 */
+  int32_t token;           /* the generated id (TOKEN), -1 otherwise */
+  const char* text;        /* text that became safe to show (NUL-terminated, may be "") */
+  size_t text_len;
+  float logprob;           /* log-probability of `token` when logprobs were asked, else 0 */
+  const xserv_top_logprob* top_logprobs; /* the request's `logprobs` best, most likely first */
+  size_t n_top_logprobs;
+  xserv_finish_reason finish; /* NONE, or why this sample ended */
+  xserv_status status;     /* XSERV_OK, or why the request failed (finish is then ERROR) */
+  const char* error;       /* the failure's message, "" when status is OK */
+  /* Usage, valid on the event that ends a sample (finish != NONE): */
+  int32_t prompt_tokens;     /* tokens of the prompt */
+  int32_t cached_tokens;     /* of which reused from the prefix cache */
+  int32_t completion_tokens; /* tokens this sample generated */
+} xserv_event;
+
+/* Called on the stepping thread for each event of the request. Must not call xserv_engine_step
+ * or xserv_engine_free; may call submit/cancel/poll and the tokenizer functions. */
+typedef void (*xserv_event_callback)(const xserv_event* event, void* user_data);
+
+/* One request: exactly one of prompt, prompt_tokens or messages. Read during submit only. */
+typedef struct xserv_request {
+  size_t struct_size;                  /* set by xserv_request_init */
+  const char* prompt;                  /* raw UTF-8 text (special tokens not parsed), or NULL */
+  const int32_t* prompt_tokens;        /* or token ids */
+  size_t n_prompt_tokens;
+  const xserv_chat_message* messages;  /* or a conversation, rendered with the chat template */
+  size_t n_messages;                   /* (add_generation_prompt on) */
+  bool enable_thinking;                /* for messages: Qwen3's thinking block; default false */
+  const xserv_generate_params* params; /* sampling and stopping; NULL = defaults */
+  int32_t n;                           /* independent samples sharing the prompt; default 1 */
+  int32_t logprobs;                    /* top log-probabilities per token, 0..20; default 0 */
+  xserv_event_callback on_event;       /* NULL: events go to xserv_engine_poll */
+  void* user_data;
+} xserv_request;
+
+/* Zeroes *request, sets struct_size and the defaults (n = 1). Thread-safe. */
+XSERV_API void xserv_request_init(xserv_request* request);
+
+/* Queues a request; *out_id identifies it in events. Returns at once: a problem found here is
+ * the return status (INVALID_ARGUMENT: NULL pointers, no prompt or more than one, invalid UTF-8,
+ * absurd params, a prompt past the model's context; UNSUPPORTED: messages without a chat
+ * template; RESOURCE_EXHAUSTED: max_waiting requests already queued). A request that cannot run
+ * later (it can never fit in the KV pool) ends with an event whose status says why; other
+ * requests go on. Thread-safe. */
+XSERV_API xserv_status xserv_engine_submit(xserv_engine* engine, const xserv_request* request,
+                                           xserv_request_id* out_id);
+
+/* Ends a request: its blocks are freed at the next step and its samples end with finish
+ * CANCELLED. Unknown or finished ids are ignored (XSERV_OK). Thread-safe. */
+XSERV_API xserv_status xserv_engine_cancel(xserv_engine* engine, xserv_request_id id);
+
+/* Runs one step: schedule, one batched forward, sampling, events. Does nothing and returns OK
+ * when there is no work. *n_events (may be NULL) receives the number of events it produced.
+ * Errors: INVALID_ARGUMENT (NULL engine, called with background_thread), CUDA / OUT_OF_MEMORY /
+ * INTERNAL when the forward itself failed (every running request then ends with that status).
+ * Call from one thread at a time. */
+XSERV_API xserv_status xserv_engine_step(xserv_engine* engine, size_t* n_events);
+
+/* True while requests are queued or running. Thread-safe. */
+XSERV_API bool xserv_engine_has_work(const xserv_engine* engine);
+
+/* Takes the oldest queued event of requests submitted without a callback. *got is false when
+ * none is queued (the call does not wait). Thread-safe. */
+XSERV_API xserv_status xserv_engine_poll(xserv_engine* engine, xserv_event* out_event, bool* got);
+
+typedef struct xserv_engine_stats {
+  size_t struct_size;          /* set by the caller to sizeof(xserv_engine_stats) */
+  int32_t running;             /* requests (samples) in the batch */
+  int32_t waiting;             /* queued, not yet admitted (preempted ones included) */
+  int32_t kv_blocks_total;
+  int32_t kv_blocks_used;
+  int32_t block_size;
+  uint64_t prefix_queries;     /* prompt blocks looked up in the prefix cache */
+  uint64_t prefix_hits;        /* of which found */
+  uint64_t preemptions;        /* requests preempted (recomputed later) */
+  uint64_t steps;
+  uint64_t prompt_tokens;      /* prompt tokens computed (cached ones not counted) */
+  uint64_t generated_tokens;
+} xserv_engine_stats;
+
+/* Fills *out (fields up to out->struct_size). Thread-safe. */
+XSERV_API xserv_status xserv_engine_get_stats(const xserv_engine* engine, xserv_engine_stats* out);
 
 #ifdef __cplusplus
 }
