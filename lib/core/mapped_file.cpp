@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -64,6 +65,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     other.size_ = 0;
   }
   return *this;
+}
+
+void MappedFile::release_pages(const void* p, std::size_t bytes) const noexcept {
+  if (!contains(p)) return;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(p);
+  const auto end = std::min(begin + bytes, reinterpret_cast<std::uintptr_t>(data_) + size_);
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 void MappedFile::reset() noexcept {

@@ -24,6 +24,16 @@ class MappedFile {
   std::size_t size() const noexcept { return size_; }
   std::span<const std::uint8_t> bytes() const noexcept { return {data_, size_}; }
   const std::string& path() const noexcept { return path_; }
+  bool contains(const void* p) const noexcept {
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    return data_ != nullptr && b >= data_ && b < data_ + size_;
+  }
+
+  // Drops the resident pages wholly inside [p, p + bytes) (clipped to the map): they count in
+  // the process's RSS while mapped, and a backend that copied them to the device never reads
+  // them again. Safe at any time: the map is read-only and file-backed, so a later read fetches
+  // the page again.
+  void release_pages(const void* p, std::size_t bytes) const noexcept;
 
  private:
   void reset() noexcept;

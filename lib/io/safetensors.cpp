@@ -267,6 +267,11 @@ const TensorInfo* Checkpoint::find(const std::string& name) const noexcept {
   return it == index_.end() ? nullptr : it->second;
 }
 
+void Checkpoint::release(const TensorInfo& tensor) const noexcept {
+  for (const auto& f : files_)
+    if (f->mapping().contains(tensor.data)) f->mapping().release_pages(tensor.data, tensor.bytes);
+}
+
 Tensor Checkpoint::view(const std::string& name) const {
   const TensorInfo* t = find(name);
   XSERV_CHECK(t != nullptr, ErrorCode::not_found, "tensor '{}' not found in checkpoint '{}'", name, dir_);

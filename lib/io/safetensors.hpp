@@ -36,6 +36,7 @@ class SafetensorsFile {
   const std::vector<TensorInfo>& tensors() const noexcept { return tensors_; }
   const TensorInfo* find(const std::string& name) const noexcept;
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  const MappedFile& mapping() const noexcept { return file_; }
 
  private:
   MappedFile file_;
@@ -57,6 +58,8 @@ class Checkpoint {
   Tensor view(const std::string& name) const;
   std::vector<std::string> names() const;
   std::size_t total_bytes() const noexcept;
+  // Drops the tensor's pages from memory (MappedFile::release_pages): for backends that copied it.
+  void release(const TensorInfo& tensor) const noexcept;
   const std::string& dir() const noexcept { return dir_; }
 
  private:

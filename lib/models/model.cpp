@@ -57,7 +57,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
   if (!options.dummy_weights) checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
   WeightLoader weights(backend, checkpoint.get(), config.dtype, options.dummy_seed);
   std::unique_ptr<Model> model = entry->make(config, dir, backend, weights, options);
-  model->checkpoint_ = std::move(checkpoint);
+  // The CPU backend's weights are views into the mapping; other backends hold copies, so the
+  // mapping goes (no host memory kept for a model on the GPU).
+  if (backend.device().kind == DeviceKind::cpu) model->checkpoint_ = std::move(checkpoint);
   model->weight_buffers_ = weights.take_owned();
   return model;
 }

@@ -76,6 +76,9 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
       if (!e.info) continue;
       Tensor host(const_cast<std::uint8_t*>(e.info->data), e.info->dtype, e.info->shape);
       *e.dst = backend_.import_weight(host);
+      // A backend that copied the weight (CUDA) never reads the mapping again: drop its pages
+      // now, so host memory peaks at one tensor, not at the whole checkpoint.
+      if (e.dst->data != host.data) checkpoint_->release(*e.info);
       done += e.info->bytes;
     } else {
       if (!e.required) continue;
