@@ -48,10 +48,31 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
+namespace {
+// The M whose heuristic a GEMM of M rows uses: M itself up to 8 rows (decode batches, where the
+// choice matters most and few sizes occur), then the next power of two. A heuristic query costs
+// about 3 ms and a prefill meets ~5 weight shapes, so querying every new prompt length made an
+// unseen length pay ~15 ms before its first token (issue 12); with buckets there are ~10 queries
+// per shape for the life of the backend, and a warm-up at load can make them all.
+std::int64_t heuristic_rows(std::int64_t m) noexcept {
+  if (m <= 8) return m;
+  std::int64_t b = 16;
+  while (b < m) b *= 2;
+  return b;
+}
+}  // namespace
+
+cublasLtMatrixLayout_t Gemm::activation_layout(cudaDataType_t type, std::int64_t k, std::int64_t m) {
+  cublasLtMatrixLayout_t l = nullptr;
+  XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k));
+  return l;
+}
+
 Gemm::Plan& Gemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   const auto [dt_i, out_i, layout_i, m, n, k, ldo, has_bias, accumulate, al_a, al_b, al_c, al_bias] = key;
+  (void)accumulate, (void)al_bias;
   const DType dt = static_cast<DType>(dt_i);
   const auto layout = static_cast<WeightLayout>(layout_i);
   const cudaDataType_t type = cuda_type(dt);
@@ -75,14 +96,40 @@ Gemm::Plan& Gemm::plan(const Key& key) {
   } else {  // W [K, N] row-major = [N, K] column-major, ld N
     XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(k), n));
   }
-  XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k));
+  p->b = activation_layout(type, k, m);
   XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, out_type, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), ldo));
 
+  // The algorithm: the heuristic's choice for this shape's row bucket, if it runs this exact
+  // shape (cublasLtMatmulAlgoCheck, cheap); else the heuristic for the exact shape.
+  Key bucket = key;
+  std::get<3>(bucket) = heuristic_rows(m);
+  auto found = algos_.find(bucket);
+  if (found == algos_.end()) {
+    Plan probe;  // layouts of the bucket's M; the descriptor is shared
+    probe.b = activation_layout(type, k, std::get<3>(bucket));
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe.c, out_type, static_cast<std::uint64_t>(n),
+                                                  static_cast<std::uint64_t>(std::get<3>(bucket)), ldo));
+    const cublasLtMatmulAlgo_t algo = heuristic(*p, p->a, probe.b, probe.c, {al_a, al_b, al_c}, key);
+    found = algos_.emplace(bucket, algo).first;
+  }
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(handle_, p->desc, p->a, p->b, p->c, p->c, &found->second, &check) ==
+          CUBLAS_STATUS_SUCCESS &&
+      check.workspaceSize <= workspace_bytes) {
+    p->algo = found->second;
+  } else {
+    p->algo = heuristic(*p, p->a, p->b, p->c, {al_a, al_b, al_c}, key);
+  }
+  return *plans_.emplace(key, std::move(p)).first->second;
+}
+
+cublasLtMatmulAlgo_t Gemm::heuristic(const Plan& p, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                     cublasLtMatrixLayout_t c, std::array<int, 3> alignment, const Key& key) {
   cublasLtMatmulPreference_t pref = nullptr;
   XSERV_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = workspace_bytes;
-  const std::uint32_t align[4] = {static_cast<std::uint32_t>(al_a), static_cast<std::uint32_t>(al_b),
-                                  static_cast<std::uint32_t>(al_c), static_cast<std::uint32_t>(al_c)};
+  const std::uint32_t align[4] = {static_cast<std::uint32_t>(alignment[0]), static_cast<std::uint32_t>(alignment[1]),
+                                  static_cast<std::uint32_t>(alignment[2]), static_cast<std::uint32_t>(alignment[2])};
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -94,16 +141,15 @@ Gemm::Plan& Gemm::plan(const Key& key) {
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof(std::uint32_t));
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[3], sizeof(std::uint32_t));
-  (void)al_bias;
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, a, b, c, c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   XSERV_CUBLAS_CHECK(status);
   XSERV_CHECK(found > 0, ErrorCode::unsupported,
-              "gemm: cuBLASLt has no algorithm for {} M={} N={} K={} (ldo {}, bias {})", dtype_name(dt),
-              m, n, k, ldo, has_bias);
-  p->algo = result.algo;
-  return *plans_.emplace(key, std::move(p)).first->second;
+              "gemm: cuBLASLt has no algorithm for {} M={} N={} K={} (ldo {}, bias {})",
+              dtype_name(static_cast<DType>(std::get<0>(key))), std::get<3>(key), std::get<4>(key),
+              std::get<5>(key), std::get<6>(key), std::get<7>(key));
+  return result.algo;
 }
 
 void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w,

@@ -60,8 +60,38 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
   // The CPU backend's weights are views into the mapping; other backends hold copies, so the
   // mapping goes (no host memory kept for a model on the GPU).
   if (backend.device().kind == DeviceKind::cpu) model->checkpoint_ = std::move(checkpoint);
+  else if (options.warm_up) model->warm_up();
   model->weight_buffers_ = weights.take_owned();
   return model;
+}
+
+void Model::warm_up() {
+  const std::int32_t block = 16;
+  kv::KvCache cache(backend_, kv_spec(), kv::KvCacheOptions{block, max_batch_tokens_ / block + 1, 0});
+  for (std::int32_t m = 1;; m = std::min(m * 2, max_batch_tokens_)) {
+    ForwardBatch b;
+    for (std::int32_t i = 0; i < m; ++i) {
+      b.token_ids.push_back(i % config_.vocab_size);
+      b.positions.push_back(i);
+      b.slot_mapping.push_back(i);
+    }
+    b.query_start = {0, m};
+    b.context_lens = {m};
+    b.max_blocks_per_seq = (m + block - 1) / block;
+    for (std::int32_t i = 0; i < b.max_blocks_per_seq; ++i) b.block_tables.push_back(i);
+    b.logit_rows = {m - 1};
+    Tensor logits = forward(b, cache);
+    // The default sampling path of chat models (temperature, top-k, top-p) and greedy.
+    SamplingBatch params;
+    params.rows.push_back(SamplingRow{});
+    params.rows[0].temperature = (m % 2 == 0) ? 0.6f : 0.0f;
+    params.rows[0].top_k = 20;
+    params.rows[0].top_p = 0.95f;
+    std::int32_t id = 0;
+    backend_.sample(logits, params, &id);
+    if (m == max_batch_tokens_) break;
+  }
+  backend_.synchronize();
 }
 
 kv::KvSpec Model::kv_spec() const noexcept {

@@ -32,6 +32,11 @@ struct ModelOptions {
   std::int32_t max_logit_rows = 0;
   // Called after each weight is resident: (bytes done, bytes total).
   std::function<void(std::size_t, std::size_t)> on_progress;
+  // On a device backend (CUDA), run a prompt of each power-of-two length up to max_batch_tokens
+  // and a sampling at the end of the load, so the one-time costs of first use (GEMM algorithm
+  // choice per row bucket, first kernel launches) are paid here and not by a request's first
+  // token. Ignored on the CPU, which has none.
+  bool warm_up = true;
 };
 
 class Model {
@@ -65,6 +70,9 @@ class Model {
   Tensor forward(const DeviceBatch& batch, kv::KvCache& cache);
   // Validates and uploads a host batch, then forward(). Convenience for tests and tools.
   Tensor forward(const ForwardBatch& batch, kv::KvCache& cache);
+
+  // See ModelOptions::warm_up; load() calls it. Uses a KV cache of its own, freed on return.
+  void warm_up();
 
  protected:
   Model(ModelConfig config, std::string dir, Backend& backend)
