@@ -67,8 +67,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
 
 void Model::warm_up() {
   const std::int32_t block = 16;
-  kv::KvCache cache(backend_, kv_spec(), kv::KvCacheOptions{block, max_batch_tokens_ / block + 1, 0});
-  for (std::int32_t m = 1;; m = std::min(m * 2, max_batch_tokens_)) {
+  const std::int32_t longest = std::min(max_batch_tokens_, config_.max_position_embeddings);
+  kv::KvCache cache(backend_, kv_spec(), kv::KvCacheOptions{block, longest / block + 1, 0});
+  for (std::int32_t m = 1;; m = std::min(m * 2, longest)) {
     ForwardBatch b;
     for (std::int32_t i = 0; i < m; ++i) {
       b.token_ids.push_back(i % config_.vocab_size);
@@ -89,7 +90,7 @@ void Model::warm_up() {
     params.rows[0].top_p = 0.95f;
     std::int32_t id = 0;
     backend_.sample(logits, params, &id);
-    if (m == max_batch_tokens_) break;
+    if (m == longest) break;
   }
   backend_.synchronize();
 }
