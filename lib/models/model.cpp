@@ -69,7 +69,9 @@ void Model::warm_up() {
   const std::int32_t block = 16;
   const std::int32_t longest = std::min(max_batch_tokens_, config_.max_position_embeddings);
   kv::KvCache cache(backend_, kv_spec(), kv::KvCacheOptions{block, longest / block + 1, 0});
-  for (std::int32_t m = 1;; m = std::min(m * 2, longest)) {
+  // Every length up to 8 (GEMM algorithms are chosen per exact row count there), then powers
+  // of two (one choice per bucket above 8).
+  for (std::int32_t m = 1;; m = std::min(m < 8 ? m + 1 : m * 2, longest)) {
     ForwardBatch b;
     for (std::int32_t i = 0; i < m; ++i) {
       b.token_ids.push_back(i % config_.vocab_size);

@@ -32,7 +32,8 @@ struct ModelOptions {
   std::int32_t max_logit_rows = 0;
   // Called after each weight is resident: (bytes done, bytes total).
   std::function<void(std::size_t, std::size_t)> on_progress;
-  // On a device backend (CUDA), run a prompt of each power-of-two length up to max_batch_tokens
+  // On a device backend (CUDA), run a prompt of each length 1..8 and each power-of-two length
+  // up to max_batch_tokens
   // and a sampling at the end of the load, so the one-time costs of first use (GEMM algorithm
   // choice per row bucket, first kernel launches) are paid here and not by a request's first
   // token. Ignored on the CPU, which has none.
