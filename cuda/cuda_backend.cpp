@@ -184,6 +184,7 @@ class CudaBackend final : public Backend {
   PinnedBuffer sample_host_;
   Buffer sample_device_;
   Buffer token_counts_;
+  Buffer sample_candidates_;  // launch_sample_topk's per-row candidate keys
 
   // CUDA graphs keyed by (caller's key, batch shape).
   struct Graph {
@@ -699,8 +700,22 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
                         has_output ? output_start : nullptr);
   }
   auto* ids_dev = reinterpret_cast<std::int32_t*>(d + prm_bytes);
-  launch_sample(stream_, logits.as<float>(), rows, vocab,
-                reinterpret_cast<const SamplingRowParams*>(d), counts, ids_dev);
+  // Rows that are all greedy or small-top-k (chat defaults: Qwen3 samples with top_k 20) take
+  // the split-row path; one row without a top-k sends the batch to the one-block-per-row kernel.
+  int k_max = 1;
+  for (const SamplingRow& s : params.rows) {
+    const int k = s.temperature <= 0.0f ? 1 : (s.top_k > 0 ? s.top_k : sample_topk_max_k + 1);
+    k_max = std::max(k_max, k);
+  }
+  if (k_max <= sample_topk_max_k) {
+    ensure_scratch(sample_candidates_, static_cast<std::size_t>(rows) *
+                                           static_cast<std::size_t>(sample_topk_candidates(vocab, k_max)) * 8);
+    launch_sample_topk(stream_, logits.as<float>(), rows, vocab, reinterpret_cast<const SamplingRowParams*>(d),
+                       counts, k_max, sample_candidates_.data(), ids_dev);
+  } else {
+    launch_sample(stream_, logits.as<float>(), rows, vocab,
+                  reinterpret_cast<const SamplingRowParams*>(d), counts, ids_dev);
+  }
   XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
                                    cudaMemcpyDeviceToHost, stream_));
   XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));

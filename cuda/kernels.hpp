@@ -139,5 +139,14 @@ void launch_token_counts(cudaStream_t stream, std::uint32_t* counts, std::int64_
 void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                    const SamplingRowParams* params, const std::uint32_t* counts,
                    std::int32_t* out_ids);
+// The same sampling when every row is greedy or has 0 < top_k <= k_max <= sample_topk_max_k
+// (sampling_topk.cu): the row split over many blocks, then a draw over the candidates.
+// `candidates` holds rows * sample_topk_candidates(vocab, k_max) u64 keys.
+inline constexpr int sample_topk_max_k = 1024;
+inline constexpr int sample_topk_max_candidates = 4096;
+int sample_topk_candidates(std::int64_t vocab, int k_max);
+void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
+                        const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
+                        void* candidates, std::int32_t* out_ids);
 
 }  // namespace xserv::cuda

@@ -7,9 +7,9 @@
 #                                       next to transformers
 #   scripts/cuda_device_run.sh decode  [cuda] tests, then decode speed with programmatic dependent
 #                                       launch off and on (XSERV_CUDA_PDL), per-kernel times (ncu)
-#   scripts/cuda_device_run.sh latency [cuda] tests, then load time, host RSS and first-token
-#                                       latency of unseen prompt lengths (Qwen3-8B, 0.6B), with
-#                                       CUDA's lazy module loading (default) and eager
+#   scripts/cuda_device_run.sh latency [cuda] tests, then load time, host RSS, first-token
+#                                       latency of unseen prompt lengths and greedy vs sampled
+#                                       decode through the C API (Qwen3-8B, 0.6B; c_api_bench)
 # Builds here with Ninja (about 35 s on the 16 cores), then runs.
 set -uo pipefail
 stage=${1:-check}
@@ -22,12 +22,12 @@ echo "== build"
 t0=$(date +%s)
 cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests xserv_logits_dump generate_bench tokenizer_bench first_token_bench \
+  cmake --build /tmp/b -j16 --target xserv_cuda_tests xserv_logits_dump generate_bench tokenizer_bench c_api_bench \
     >>"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
 bin=/tmp/b/bin
 mkdir -p $bin
-cp /tmp/b/tests/cuda/xserv_cuda_tests $bin/xserv_tests && cp /tmp/b/bench/generate_bench /tmp/b/bench/first_token_bench $bin/
+cp /tmp/b/tests/cuda/xserv_cuda_tests $bin/xserv_tests && cp /tmp/b/bench/generate_bench /tmp/b/bench/c_api_bench $bin/
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 tools=$root/.devdeps/tools
 
@@ -97,11 +97,9 @@ elif [ "$stage" = latency ]; then
   run_cuda_tests 150
   checkpoints qwen3-0.6b qwen3-8b
   for m in qwen3-8b qwen3-0.6b; do
-    echo "== first token, $m (lazy module loading)"
-    timeout 60 "$bin/first_token_bench" -m /tmp/models/$m --device cuda --lengths 1,6,11,17,32,100,500
-    echo "== first token, $m (CUDA_MODULE_LOADING=EAGER)"
-    CUDA_MODULE_LOADING=EAGER timeout 90 "$bin/first_token_bench" -m /tmp/models/$m --device cuda --lengths 1,6,11,17,32,100,500
-  done 2>&1 | tee "$OUT/first_token.txt"
+    echo "== load, host RSS, first token, greedy vs sampled decode: $m"
+    timeout 90 "$bin/c_api_bench" -m /tmp/models/$m --device cuda --lengths 1,6,11,17,32,100,500
+  done 2>&1 | tee "$OUT/c_api_bench.txt"
 elif [ "$stage" = decode ]; then
   run_cuda_tests 120
   checkpoints gpt2 qwen3-0.6b qwen3-8b

@@ -54,6 +54,49 @@ TEST_CASE("cuda sample matches the CPU backend", "[cuda]") {
   }
 }
 
+// Batches whose rows are all greedy or top-k <= 1024 take the split-row path (sampling_topk.cu):
+// the same ids as the CPU, and the in-place penalised/tempered logits too.
+TEST_CASE("cuda sample, split-row top-k path, matches the CPU backend", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(12);
+  for (std::int64_t vocab : {37, 1000, 151936}) {
+    for (std::int32_t k_big : {20, 1024}) {
+      SamplingBatch sb;
+      for (std::uint64_t s = 0; s < 5; ++s) {
+        sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, s));       // greedy
+        sb.rows.push_back(row_of(0.6f, 20, 0.95f, 0.0f, s));     // Qwen3's defaults
+        sb.rows.push_back(row_of(1.0f, k_big, 1.0f, 0.0f, s));   // top-k alone
+        sb.rows.push_back(row_of(0.8f, 7, 0.8f, 0.02f, s));      // all filters
+        sb.rows.push_back(row_of(1.3f, 1, 1.0f, 0.0f, s));       // top-k 1 = greedy
+        sb.rows.push_back(row_of(2.0f, k_big, 0.5f, 0.3f, s));   // min-p cuts inside top-p
+      }
+      for (std::size_t r = 0; r < sb.rows.size(); r += 3) sb.rows[r].repetition_penalty = 1.3f;
+      sb.prompt_start.push_back(0);
+      sb.output_start.push_back(0);
+      for (std::size_t r = 0; r < sb.rows.size(); ++r) {
+        for (int i = 0; i < 5; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>((r * 13 + i * 7) % vocab));
+        for (int i = 0; i < 3; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>((r * 5 + i) % vocab));
+        sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
+        sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
+      }
+      const auto rows = static_cast<std::int64_t>(sb.rows.size());
+      INFO("vocab " << vocab << " k " << k_big);
+      auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+      auto cl = logits;
+      std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+      be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+      Tensor gl = be.gpu_tensor(logits, DType::f32, {rows, vocab});
+      be.gpu->sample(gl, sb, got.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        INFO("row " << r << " temperature " << sb.rows[static_cast<std::size_t>(r)].temperature
+                    << " top_k " << sb.rows[static_cast<std::size_t>(r)].top_k);
+        REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda sample applies repetition, presence and frequency penalties like the CPU", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;

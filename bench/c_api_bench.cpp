@@ -1,14 +1,18 @@
-// first_token_bench: what a host sees through the C API after xserv_model_load — load time,
-// host memory after the load, and the time to the first token of prompts whose lengths the
-// process has not seen before (then the same prompts again).
+// c_api_bench: what a host sees through the C API after xserv_model_load — load time, host
+// memory after the load, the time to the first token of prompts whose lengths the process has
+// not seen before (then the same prompts again), and batch-1 decode speed greedy vs sampled.
 //
-//   first_token_bench -m DIR [--device cpu|cuda] [--lengths 1,6,11,32,100]
+//   c_api_bench -m DIR [--device cpu|cuda] [--lengths 1,6,11,32,100] [--decode N]
 //
 // Each prompt is L random ids turned to text and back (so the C API's text path is used);
 // time to first token = xserv_generate with max_tokens 1, greedy, from the call to the first
-// token callback. Host memory is VmRSS / VmHWM of /proc/self/status after the load.
+// token callback. Host memory is VmRSS / VmHWM of /proc/self/status after the load. Decode:
+// N tokens (default 128, 0 = skip) after a 32-token prompt, tok/s between the first and the last
+// token callback, best of 3, for greedy, Qwen3's generation_config sampling (temperature 0.6,
+// top-k 20, top-p 0.95), the same with top-k off, and greedy with repetition_penalty 1.1.
 #include <xserv.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,18 +34,21 @@ std::string proc_status(const char* key) {
 }
 
 struct Timing {
-  Clock::time_point start, first;
+  Clock::time_point start, first, last;
   bool seen = false;
+  int tokens = 0;
 };
 
 bool on_token(const xserv_token_event*, void* user) {
   auto* t = static_cast<Timing*>(user);
-  if (!t->seen) t->first = Clock::now(), t->seen = true;
+  t->last = Clock::now();
+  if (!t->seen) t->first = t->last, t->seen = true;
+  ++t->tokens;
   return true;
 }
 
 int fail(const char* what) {
-  std::fprintf(stderr, "first_token_bench: %s: %s\n", what, xserv_last_error());
+  std::fprintf(stderr, "c_api_bench: %s: %s\n", what, xserv_last_error());
   return 1;
 }
 
@@ -50,21 +57,23 @@ int fail(const char* what) {
 int main(int argc, char** argv) {
   std::string dir, device = "auto";
   std::vector<int> lengths{1, 6, 11, 32, 100};
+  int decode = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "-m") dir = v;
     else if (a == "--device") device = v;
+    else if (a == "--decode") decode = std::atoi(v.c_str());
     else if (a == "--lengths") {
       lengths.clear();
       std::stringstream ss(v);
       for (std::string x; std::getline(ss, x, ',');) lengths.push_back(std::atoi(x.c_str()));
     } else {
-      std::fprintf(stderr, "first_token_bench: unknown option %s\n", a.c_str());
+      std::fprintf(stderr, "c_api_bench: unknown option %s\n", a.c_str());
       return 2;
     }
   }
   if (dir.empty()) {
-    std::fprintf(stderr, "usage: first_token_bench -m DIR [--device cpu|cuda] [--lengths 1,6,...]\n");
+    std::fprintf(stderr, "usage: c_api_bench -m DIR [--device cpu|cuda] [--lengths 1,6,...]\n");
     return 2;
   }
   xserv_model_params mp = xserv_model_default_params();
@@ -106,6 +115,43 @@ int main(int argc, char** argv) {
     size_t n = 0;
     xserv_tokenize(model, prompts[i].c_str(), false, nullptr, 0, &n);
     std::printf("%8d %8zu %14.2f %14.2f\n", lengths[i], n, ms[0], ms[1]);
+  }
+
+  if (decode > 0) {
+    struct Mode {
+      const char* name;
+      float temperature;
+      int top_k;
+      float top_p, repetition_penalty;
+    };
+    const Mode modes[] = {{"greedy", 0, 0, 1, 1},
+                          {"t0.6 top-k 20 top-p 0.95", 0.6f, 20, 0.95f, 1},
+                          {"t0.6 top-p 0.95 (no top-k)", 0.6f, 0, 0.95f, 1},
+                          {"greedy, repetition 1.1", 0, 0, 1, 1.1f}};
+    std::printf("\ndecode, batch 1, %d tokens after a 32-token prompt\n%-28s %10s %8s\n", decode, "sampling",
+                "tok/s", "x greedy");
+    double greedy = 0;
+    for (const Mode& m : modes) {
+      xserv_generate_params dp = xserv_generate_default_params();
+      dp.max_tokens = decode;
+      dp.ignore_eos = true;
+      dp.temperature = m.temperature;
+      dp.top_k = m.top_k;
+      dp.top_p = m.top_p;
+      dp.repetition_penalty = m.repetition_penalty;
+      dp.seed = 1;
+      double best = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        Timing t;
+        if (xserv_generate(model, prompts[std::min<std::size_t>(3, prompts.size() - 1)].c_str(), &dp, on_token, &t,
+                           nullptr) != XSERV_OK)
+          return fail("generate");
+        const double s = std::chrono::duration<double>(t.last - t.first).count();
+        if (t.tokens > 1 && s > 0) best = std::max(best, (t.tokens - 1) / s);
+      }
+      if (greedy == 0) greedy = best;
+      std::printf("%-28s %10.1f %8.2f\n", m.name, best, best / greedy);
+    }
   }
   xserv_model_free(model);
   return 0;

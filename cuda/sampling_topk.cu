@@ -1,0 +1,206 @@
+// Token sampling when every row has a small top-k (or is greedy): the vocabulary is split over
+// many blocks per row instead of one block scanning it 25 times, and everything after the top-k
+// cut runs on at most a few thousand candidates.
+//
+// Same result as sample_kernel (sampling.cu) and the CPU backend: tokens are ranked by the same
+// 64-bit key (order-preserving value bits << 32 | ~id), the top-k set is exact (each block keeps
+// its chunk's k best keys; the row's k best are among the union), and top-p, min-p and the
+// inverse-CDF draw walk the k best in descending key order with double sums.
+//
+// Phase 1, grid (blocks_per_row, R), 256 threads: penalties and temperature in place on the
+//   block's chunk of the row (as sample_kernel does), then an 8-pass radix select by count over
+//   the chunk (integer histograms in shared memory) finds the chunk's k-th key; the keys at or
+//   above it go to cand[row][block * k_max ...] (unused slots stay 0, below every real key).
+// Phase 2, grid R, 1024 threads: the row's candidates (blocks_per_row * k_max <= 4096 keys) are
+//   sorted descending in shared memory (bitonic), and one thread applies top-k, top-p, min-p and
+//   the draw over at most k keys.
+#include "cuda/common.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
+
+namespace xserv::cuda {
+namespace {
+
+using u64 = unsigned long long;
+constexpr int phase1_threads = 256;
+constexpr int phase2_threads = 1024;
+
+__device__ __forceinline__ u64 key_of(float x, int id) {
+  unsigned u = __float_as_uint(x);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<u64>(u) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(id));
+}
+__device__ __forceinline__ int id_of(u64 key) {
+  return static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(key & 0xFFFFFFFFull));
+}
+__device__ __forceinline__ float value_of(u64 key) {
+  const unsigned b = static_cast<unsigned>(key >> 32);
+  return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+}
+
+// The row's k: greedy rows need only their best key.
+__device__ __forceinline__ int row_k(const SamplingRowParams& p) {
+  return p.temperature <= 0.0f ? 1 : p.top_k;
+}
+
+__global__ void __launch_bounds__(phase1_threads)
+    topk_candidates_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
+                           const std::uint32_t* counts, int k_max, u64* cand) {
+  __shared__ unsigned bins[256];
+  __shared__ u64 prefix_sh;
+  __shared__ unsigned above_sh, n_out;
+  const int row = blockIdx.y, blk = blockIdx.x, nblk = gridDim.x;
+  const int vocab = static_cast<int>(vocab64);
+  const SamplingRowParams prm = params[row];
+  const int chunk = (vocab + nblk - 1) / nblk;
+  const int begin = blk * chunk, end = min(vocab, begin + chunk);
+  float* x = logits + static_cast<std::int64_t>(row) * vocab64;
+  const std::uint32_t* cnt = prm.use_penalties ? counts + static_cast<std::int64_t>(row) * vocab64 : nullptr;
+  const bool greedy = prm.temperature <= 0.0f;
+  u64* out = cand + (static_cast<std::int64_t>(row) * nblk + blk) * k_max;
+
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float v = x[i];
+    if (cnt) {
+      const std::uint32_t c = cnt[i];
+      if ((c >> 31) && prm.repetition_penalty != 1.0f)
+        v = v < 0.0f ? v * prm.repetition_penalty : v / prm.repetition_penalty;
+      const float n = static_cast<float>(c & 0x7fffffffu);
+      if (n > 0.0f) v -= prm.frequency_penalty * n + prm.presence_penalty;
+    }
+    if (!greedy) v /= prm.temperature;  // a division, as on the CPU: same rounding
+    x[i] = v;
+  }
+  for (int i = threadIdx.x; i < k_max; i += blockDim.x) out[i] = 0ull;
+  __syncthreads();
+
+  const int k = min(row_k(prm), max(end - begin, 0));
+  u64 floor = 0;
+  if (k > 0 && k < end - begin) {
+    // The chunk's k-th largest key, one byte at a time from the top.
+    u64 prefix = 0, mask = 0;
+    unsigned above = 0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) bins[i] = 0;
+      __syncthreads();
+      for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const u64 key = key_of(x[i], i);
+        if ((key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 255], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned run = above;
+        int d = 255;
+        for (; d > 0; --d) {
+          if (run + bins[d] >= static_cast<unsigned>(k)) break;
+          run += bins[d];
+        }
+        prefix_sh = prefix | (static_cast<u64>(d) << shift);
+        above_sh = run;
+      }
+      __syncthreads();
+      prefix = prefix_sh;
+      above = above_sh;
+      mask |= 0xFFull << shift;
+    }
+    floor = prefix;  // keys are unique: exactly k keys are >= it
+  }
+  if (threadIdx.x == 0) n_out = 0;
+  __syncthreads();
+  if (k > 0) {
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const u64 key = key_of(x[i], i);
+      if (key >= floor) out[atomicAdd(&n_out, 1u)] = key;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(phase2_threads)
+    topk_draw_kernel(const SamplingRowParams* params, int n_cand, int n_pow2, const u64* cand,
+                     std::int32_t* out_ids) {
+  extern __shared__ u64 keys[];
+  const int row = blockIdx.x;
+  const SamplingRowParams prm = params[row];
+  const u64* c = cand + static_cast<std::int64_t>(row) * n_cand;
+  for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) keys[i] = i < n_cand ? c[i] : 0ull;
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int size = 2; size <= n_pow2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n_pow2; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const u64 a = keys[i], b = keys[j];
+          if (desc ? a < b : a > b) keys[i] = b, keys[j] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x != 0) return;
+  if (prm.temperature <= 0.0f) {
+    out_ids[row] = id_of(keys[0]);
+    return;
+  }
+  int k = 0;
+  while (k < prm.top_k && k < n_pow2 && keys[k] != 0ull) ++k;
+  const float mx = value_of(keys[0]);
+  if (prm.top_p < 1.0f) {
+    double z = 0.0;
+    for (int i = 0; i < k; ++i) z += static_cast<double>(expf(value_of(keys[i]) - mx));
+    const double target = static_cast<double>(prm.top_p) * z;
+    double run = 0.0;
+    int i = 0;
+    for (; i < k - 1; ++i) {
+      run += static_cast<double>(expf(value_of(keys[i]) - mx));
+      if (run >= target) break;
+    }
+    k = i + 1;
+  }
+  if (prm.min_p > 0.0f) {  // weights fall along the order: the kept ones are a prefix
+    int i = 0;
+    while (i < k && expf(value_of(keys[i]) - mx) >= prm.min_p) ++i;
+    k = max(i, 1);
+  }
+  double z = 0.0;
+  for (int i = 0; i < k; ++i) z += static_cast<double>(expf(value_of(keys[i]) - mx));
+  const double target = static_cast<double>(prm.uniform) * z;
+  double run = 0.0;
+  int chosen = k - 1;
+  for (int i = 0; i < k; ++i) {
+    run += static_cast<double>(expf(value_of(keys[i]) - mx));
+    if (run > target) {
+      chosen = i;
+      break;
+    }
+  }
+  out_ids[row] = id_of(keys[chosen]);
+}
+
+}  // namespace
+
+int sample_topk_candidates(std::int64_t vocab, int k_max) {
+  const int blocks = std::max(1, std::min<int>(64, sample_topk_max_candidates / std::max(k_max, 1)));
+  return static_cast<int>(std::min<std::int64_t>(blocks, vocab)) * k_max;
+}
+
+void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
+                        const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
+                        void* candidates, std::int32_t* out_ids) {
+  if (rows == 0) return;
+  const int n_cand = sample_topk_candidates(vocab, k_max);
+  const int blocks = n_cand / k_max;
+  int n_pow2 = 1;
+  while (n_pow2 < n_cand) n_pow2 <<= 1;
+  auto* cand = static_cast<u64*>(candidates);
+  topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
+                           stream>>>(logits, vocab, params, counts, k_max, cand);
+  XSERV_CUDA_LAUNCH_CHECK();
+  const std::size_t smem = static_cast<std::size_t>(n_pow2) * sizeof(u64);
+  static_assert(sample_topk_max_candidates * sizeof(u64) <= 48 * 1024, "phase 2 fits default smem");
+  topk_draw_kernel<<<rows, phase2_threads, smem, stream>>>(params, n_cand, n_pow2, cand, out_ids);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace xserv::cuda
