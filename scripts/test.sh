@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install missing packages, build (CUDA too when nvcc is
-# found), run every test, then build and run the tests again under ASan + UBSan.
+# found), run every test, then build and run the tests again under ASan + UBSan, the thread
+# tests under ThreadSanitizer (the tsan preset registers the [threads] Catch2 cases and the
+# tests labelled "threads"), and each libFuzzer target briefly on its corpus (scripts/fuzz.sh).
 # Each stage prints how many tests it ran; a stage that ran none fails, and so does a build whose
 # ctest list misses a test case of the Catch2 binary (tests/check_test_count.py runs as a test).
 # Usage: scripts/test.sh [--no-sanitize]
@@ -36,8 +38,18 @@ run_stage() {
 
 run_stage release
 if [ "${1:-}" != "--no-sanitize" ]; then
-  # The sanitizer build skips CUDA: device code is not instrumented and the GPU is not here.
+  # The sanitizer builds skip CUDA: device code is not instrumented and the GPU is not here.
   run_stage asan
+  run_stage tsan
+  # 7 targets x 20 s, plus the clang build.
+  fuzz_log=$(mktemp)
+  if ! scripts/fuzz.sh ci 20 2>&1 | tee "$fuzz_log"; then
+    summary+=("fuzz: FAILED")
+    printf 'scripts/test.sh: %s\n' "${summary[@]}"
+    exit 1
+  fi
+  summary+=("fuzz: $(grep -c '^fuzz .* ok:' "$fuzz_log") targets clean")
+  rm -f "$fuzz_log"
 fi
 printf 'scripts/test.sh: %s\n' "${summary[@]}"
 echo "scripts/test.sh: all tests passed"

@@ -112,6 +112,15 @@ TEST_CASE("config: malformed or unsupported configs are clear errors", "[io][con
   fails(replace(kQwen3, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"), ErrorCode::unsupported, "yarn");
   fails(replace(kGpt2, R"("eos_token_id": 50256)", R"("eos_token_id": 60000)"), ErrorCode::format, "eos_token_id");
   fails(replace(kGpt2, R"("n_head": 12)", R"("n_head": 7)"), ErrorCode::format, "divisible");
+  // Zero, negative, absurd and non-integer sizes: FORMAT, as xserv.h promises for corrupt files.
+  fails(replace(kGpt2, R"("n_layer": 12)", R"("n_layer": 4000000000)"), ErrorCode::format, "n_layer");
+  fails(replace(kGpt2, R"("n_embd": 768)", R"("n_embd": 1e300)"), ErrorCode::format, "n_embd");
+  fails(replace(kGpt2, R"("n_embd": 768)", R"("n_embd": 0)"), ErrorCode::format, "hidden size");
+  fails(replace(kGpt2, R"("n_head": 12)", R"("n_head": 2.5)"), ErrorCode::format, "n_head");
+  fails(replace(kGpt2, R"("n_positions": 1024)", R"("n_positions": -1)"), ErrorCode::format, "n_positions");
+  fails(replace(kGpt2, R"("vocab_size": 50257)", R"("vocab_size": 18446744073709551615)"), ErrorCode::format, "vocab_size");
+  fails(replace(kQwen3, R"("rms_norm_eps": 1e-06)", R"("rms_norm_eps": -1)"), ErrorCode::format, "epsilon");
+  fails(replace(kQwen3, R"("rope_theta": 1000000)", R"("rope_theta": 0)"), ErrorCode::format, "rope_theta");
 }
 
 TEST_CASE("config: model_type may come from architectures", "[io][config]") {

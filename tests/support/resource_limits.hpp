@@ -1,0 +1,24 @@
+// Caps this process's address space a little above what it maps now, so that the next large
+// mappings (thread stacks, big buffers) fail as they would on an exhausted machine. Only for a
+// forked child: the cap cannot be raised again by an unprivileged process, and sanitizer
+// runtimes (which reserve terabytes) cannot run under it.
+#pragma once
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <fstream>
+
+namespace xserv::test {
+
+inline void limit_address_space(std::size_t headroom) {
+  std::size_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;  // first field: total program size in pages
+  const std::size_t now = pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  struct rlimit limit {};
+  limit.rlim_cur = limit.rlim_max = now + headroom;
+  ::setrlimit(RLIMIT_AS, &limit);
+}
+
+}  // namespace xserv::test
