@@ -142,7 +142,7 @@ XSERV_API xserv_model_params xserv_model_default_params(void);
  * xserv_model_free); on failure *out_model is set to NULL.
  * Only regular files are read (a FIFO or device in their place is IO, never a blocked load);
  * config.json and the other JSON files beside the weights may hold at most 16 MiB, tokenizer
- * files 256 MiB, a safetensors header 100 MB (more is FORMAT). The config is checked against
+ * files 128 MiB, a safetensors header 100 MB (more is FORMAT). The config is checked against
  * the checkpoint's tensors before anything is sized from it.
  * Errors: INVALID_ARGUMENT (NULL path or out_model, bad params such as n_threads past its cap),
  * NOT_FOUND (no such directory, a required file missing, a shard named by

@@ -52,7 +52,7 @@ class MappedFile {
 // index, far below what would hurt a host.
 inline constexpr std::size_t kMaxSmallFileBytes = std::size_t{16} << 20;
 // The cap for tokenizer files (tokenizer.json of Qwen3 is 11 MB; the largest public ones ~35 MB).
-inline constexpr std::size_t kMaxTokenizerFileBytes = std::size_t{256} << 20;
+inline constexpr std::size_t kMaxTokenizerFileBytes = std::size_t{128} << 20;
 
 // Reads a whole (small) regular file into a string. Throws like MappedFile, and Error(format)
 // when the file holds more than `max_bytes` (nothing past the cap is read).

@@ -10,6 +10,7 @@
  * must also be leak-free inside the library. */
 #define _XOPEN_SOURCE 700 /* mkdtemp, symlink, mkfifo, truncate, fork */
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -236,16 +237,21 @@ static int write_model(Checkpoint* c) {
   return write_checkpoint("model.safetensors", c, layout(c), 0);
 }
 
-static void write_config(const char* vocab, const char* n_embd, const char* n_layer,
-                         const char* n_head) {
+static void write_config_eos(const char* vocab, const char* n_embd, const char* n_layer,
+                             const char* n_head, const char* eos) {
   char text[1024];
   snprintf(text, sizeof text,
            "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"],\n"
            " \"vocab_size\": %s, \"n_embd\": %s, \"n_layer\": %s, \"n_head\": %s,\n"
            " \"n_positions\": %d, \"n_inner\": null, \"layer_norm_epsilon\": 1e-5,\n"
-           " \"eos_token_id\": 50256, \"bos_token_id\": 50256, \"torch_dtype\": \"float32\"}\n",
-           vocab, n_embd, n_layer, n_head, kPositions);
+           " \"eos_token_id\": %s, \"torch_dtype\": \"float32\"}\n",
+           vocab, n_embd, n_layer, n_head, kPositions, eos);
   CHECK(write_text("config.json", text));
+}
+
+static void write_config(const char* vocab, const char* n_embd, const char* n_layer,
+                         const char* n_head) {
+  write_config_eos(vocab, n_embd, n_layer, n_head, "50256");
 }
 
 static void write_good_config(void) { write_config("50257", "8", "2", "2"); }
@@ -548,7 +554,7 @@ static void test_tokenizer(void) {
 
   /* The tokenizer's 50257 ids against an embedding of 50000 rows: ids past the table. */
   CHECK(make_link(kTokenizer, "tokenizer.json"));
-  write_config("50000", "8", "2", "2");
+  write_config_eos("50000", "8", "2", "2", "0");
   c = tiny_gpt2(50000);
   CHECK(write_model(c));
   free(c);
@@ -604,14 +610,20 @@ static void test_threads(void) {
       FILE* statm = fopen("/proc/self/statm", "r");
       unsigned long pages = 0;
       struct rlimit limit;
+      pthread_attr_t attr;
+      size_t stack = 0;
       xserv_status got;
       alarm(60);
       if (statm == NULL || fscanf(statm, "%lu", &pages) != 1) _exit(5);
       fclose(statm);
+      pthread_attr_init(&attr); /* a new thread's default stack size */
+      pthread_attr_getstacksize(&attr, &stack);
+      pthread_attr_destroy(&attr);
+      /* Room for one worker's stack and a half: the second worker cannot start. */
       limit.rlim_cur = limit.rlim_max =
-          (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)24 << 20);
+          (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (rlim_t)(stack * 3 / 2);
       if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(6);
-      mp.n_threads = 64;
+      mp.n_threads = 4; /* under the cap (4 per hardware thread) on any machine */
       got = xserv_model_load(g_dir, &mp, &model);
       if (got == XSERV_OK) _exit(2);
       if (got != XSERV_ERR_RESOURCE_EXHAUSTED || model != NULL) {

@@ -4,9 +4,9 @@
  * generated text is fixed too). xserv.h promises these functions are thread-safe; the
  * ThreadSanitizer stage of scripts/test.sh (label "threads") runs this to prove it.
  *
- * The model: the tiny random Qwen3 with the real Qwen3 tokenizer (it has a chat template) when
- * the shared tokenizers are there, else the shipped GPT-2 example (the chat template is then
- * UNSUPPORTED, the same answer on every thread). */
+ * The model: a small random Qwen3 with the real Qwen3 tokenizer (it has a chat template) when
+ * the shared tokenizers are there (qwen3_chat_model.h), else the shipped GPT-2 example (the chat
+ * template is then UNSUPPORTED, the same answer on every thread). */
 #define _XOPEN_SOURCE 700 /* mkdtemp, symlink */
 
 #include <pthread.h>
@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "qwen3_chat_model.h"
 #include "xserv.h"
 
 enum { kWorkers = 4, kRounds = 40, kGenerations = 3, kMaxIds = 256, kMaxText = 4096 };
@@ -78,44 +79,6 @@ static void* worker_main(void* arg) {
   return NULL;
 }
 
-static int file_exists(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-/* A directory of symlinks: tiny Qwen3 weights + the Qwen3 tokenizer. 0 when not available. */
-static int make_qwen3_dir(char* dir) {
-  static const char* const kNames[] = {"config.json", "model.safetensors", "tokenizer.json",
-                                       "tokenizer_config.json"};
-  const char* sources[4];
-  char to[4096];
-  int i;
-  sources[0] = XSERV_TEST_DATA_DIR "/models/tiny-qwen3/config.json";
-  sources[1] = XSERV_TEST_DATA_DIR "/models/tiny-qwen3/model.safetensors";
-  sources[2] = XSERV_SHARED_DIR "/tokenizers/qwen3/tokenizer.json";
-  sources[3] = XSERV_SHARED_DIR "/tokenizers/qwen3/tokenizer_config.json";
-  for (i = 0; i < 4; ++i)
-    if (!file_exists(sources[i])) return 0;
-  if (mkdtemp(dir) == NULL) return 0;
-  for (i = 0; i < 4; ++i) {
-    snprintf(to, sizeof to, "%s/%s", dir, kNames[i]);
-    if (symlink(sources[i], to) != 0) return 0;
-  }
-  return 1;
-}
-
-static void remove_qwen3_dir(const char* dir) {
-  static const char* const kNames[] = {"config.json", "model.safetensors", "tokenizer.json",
-                                       "tokenizer_config.json"};
-  char path[4096];
-  int i;
-  for (i = 0; i < 4; ++i) {
-    snprintf(path, sizeof path, "%s/%s", dir, kNames[i]);
-    unlink(path);
-  }
-  rmdir(dir);
-}
-
 static int generate(xserv_model* model, char* out, size_t cap) {
   xserv_generate_params gp = xserv_generate_default_params();
   char* text = NULL;
@@ -130,7 +93,7 @@ static int generate(xserv_model* model, char* out, size_t cap) {
 
 int main(void) {
   char qwen3_dir[] = "/tmp/xserv-threads-XXXXXX";
-  const int have_qwen3 = make_qwen3_dir(qwen3_dir);
+  const int have_qwen3 = mkdtemp(qwen3_dir) != NULL && write_qwen3_chat_model(qwen3_dir);
   const char* path = have_qwen3 ? qwen3_dir : XSERV_SOURCE_DIR "/examples/models/shakespeare";
   xserv_model* model = NULL;
   xserv_model_params mp = xserv_model_default_params();
@@ -193,7 +156,7 @@ int main(void) {
   }
   xserv_model_free(model);
   free(e);
-  if (have_qwen3) remove_qwen3_dir(qwen3_dir);
+  remove_qwen3_chat_model(qwen3_dir);
   printf("capi_threads_test: %d workers x %d rounds beside %d generations, %d failures\n",
          kWorkers, kRounds, kGenerations, failures);
   return failures == 0 ? 0 : 1;

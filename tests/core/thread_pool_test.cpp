@@ -78,15 +78,16 @@ TEST_CASE("ThreadPool fails cleanly when the system refuses a thread part-way", 
   SUCCEED("skipped under a sanitizer");
 #else
   // In a child process: the address space is capped just above what it uses, so thread stacks
-  // run out after a few threads. The constructor must throw resource_exhausted (not hang, not
+  // run out after the first worker. The constructor must throw resource_exhausted (not hang, not
   // terminate); alarm() turns a hang into a failure.
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::alarm(30);
-    test::limit_address_space(std::size_t{24} << 20);
+    // Room for one worker's stack and a half: the second worker cannot start.
+    test::limit_address_space(test::default_thread_stack_bytes() * 3 / 2);
     try {
-      ThreadPool pool(64);
+      ThreadPool pool(ThreadPool::max_threads());
       ::_exit(2);  // the limit did not bite
     } catch (const Error& e) {
       ::_exit(e.code() == ErrorCode::resource_exhausted &&

@@ -4,6 +4,7 @@
 // runtimes (which reserve terabytes) cannot run under it.
 #pragma once
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -19,6 +20,16 @@ inline void limit_address_space(std::size_t headroom) {
   struct rlimit limit {};
   limit.rlim_cur = limit.rlim_max = now + headroom;
   ::setrlimit(RLIMIT_AS, &limit);
+}
+
+// The stack size a new thread gets (glibc: RLIMIT_STACK at start-up, or 8 MiB / 2 MiB).
+inline std::size_t default_thread_stack_bytes() {
+  pthread_attr_t attr;
+  std::size_t bytes = 0;
+  ::pthread_attr_init(&attr);
+  ::pthread_attr_getstacksize(&attr, &bytes);
+  ::pthread_attr_destroy(&attr);
+  return bytes;
 }
 
 }  // namespace xserv::test
