@@ -42,8 +42,8 @@ summarize() {
   local t=$1 log=$2 status=$3
   local execs cov units
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1)
-  units=$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$log" | tail -1)
+  cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || true)
+  units=$(grep -Eo 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$log" | tail -1 || true)
   printf 'fuzz %-20s %s: %s executions, %s, %s\n' "$t" "$status" "${execs:-?}" "${cov:-cov ?}" "${units:-corp ?}"
 }
 

@@ -29,14 +29,7 @@ struct Fd {
   }
 };
 
-// Opens `path` for reading without blocking (O_NONBLOCK: a FIFO's open returns at once instead
-// of waiting for a writer), refuses anything but a regular file, and returns its size. The
-// non-blocking flag changes nothing for a regular file's reads or maps.
-std::size_t open_regular(const std::string& path, Fd& file) {
-  file.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (file.fd < 0) throw_errno("cannot open", path);
-  struct stat st {};
-  if (::fstat(file.fd, &st) != 0) throw_errno("cannot stat", path);
+void require_regular(const struct stat& st, const std::string& path) {
   if (!S_ISREG(st.st_mode))
     throw_error(ErrorCode::io, "'{}' is not a regular file ({}); model files must be", path,
                 S_ISDIR(st.st_mode)    ? "a directory"
@@ -45,6 +38,21 @@ std::size_t open_regular(const std::string& path, Fd& file) {
                 : S_ISBLK(st.st_mode)  ? "a block device"
                 : S_ISSOCK(st.st_mode) ? "a socket"
                                        : "not a file");
+}
+
+// Opens a regular file for reading and returns its size. stat() first, so a device or FIFO is
+// refused without being opened (opening some devices has effects); then the open itself does
+// not block (O_NONBLOCK: a FIFO swapped in since the stat opens at once instead of waiting for a
+// writer) and fstat() checks what was really opened. The non-blocking flag changes nothing for
+// a regular file's reads or maps.
+std::size_t open_regular(const std::string& path, Fd& file) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_errno("cannot open", path);
+  require_regular(st, path);
+  file.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (file.fd < 0) throw_errno("cannot open", path);
+  if (::fstat(file.fd, &st) != 0) throw_errno("cannot stat", path);
+  require_regular(st, path);
   return static_cast<std::size_t>(st.st_size);
 }
 

@@ -9,6 +9,11 @@
 #include "core/utf8.hpp"
 #include "fuzz_support.hpp"
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  xserv::fuzz::load_tokenizers();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const bool skip_special = (data[0] & 1) != 0;

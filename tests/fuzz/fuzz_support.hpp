@@ -69,6 +69,13 @@ inline const Tokenizer* qwen3_tokenizer() {
   return tok;
 }
 
+// Loads both tokenizers: call it from LLVMFuzzerInitialize, where libFuzzer's per-input
+// -timeout does not apply (building the Qwen3 tokenizer under ASan takes seconds).
+inline void load_tokenizers() {
+  (void)gpt2_tokenizer();
+  (void)qwen3_tokenizer();
+}
+
 // Reads a little-endian u32 from data (zero-padded past the end) and advances.
 inline std::uint32_t take_u32(const std::uint8_t*& data, std::size_t& size) {
   std::uint32_t v = 0;
