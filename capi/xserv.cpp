@@ -323,6 +323,7 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
                                               " (conversion at load is not supported)");
 
     m->tokenizer = std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(path));
+    m->model->check_tokenizer(m->tokenizer->vocab_size(), path);
     m->generator = std::make_unique<xserv::Generator>(*m->model, m->tokenizer.get());
     m->arch = std::string(xserv::arch_name(c.arch));
     m->device = std::string(xserv::device_name(m->backend->device().kind));

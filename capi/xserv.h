@@ -72,7 +72,8 @@ typedef enum xserv_status {
   XSERV_ERR_FORMAT = 4,           /* a corrupt or inconsistent model file */
   XSERV_ERR_UNSUPPORTED = 5,      /* a model type, dtype or device this build cannot run */
   XSERV_ERR_OUT_OF_MEMORY = 6,    /* host or device memory exhausted */
-  XSERV_ERR_RESOURCE_EXHAUSTED = 7, /* KV blocks or the context length ran out */
+  XSERV_ERR_RESOURCE_EXHAUSTED = 7, /* KV blocks, the context length, the threads the system
+                                       grants or a tokenizer pattern's match budget ran out */
   XSERV_ERR_CUDA = 8,             /* a CUDA runtime or cuBLAS failure */
   XSERV_ERR_CANCELLED = 9,        /* stopped by the caller */
   XSERV_ERR_BUFFER_TOO_SMALL = 10, /* a caller buffer is too small; the needed size was returned */
@@ -121,7 +122,9 @@ typedef bool (*xserv_progress_callback)(float progress, void* user_data);
 typedef struct xserv_model_params {
   xserv_device device;     /* default XSERV_DEVICE_AUTO */
   int32_t device_index;    /* which GPU for XSERV_DEVICE_CUDA; default 0 */
-  int32_t n_threads;       /* CPU worker threads; 0 (default) = all hardware threads */
+  int32_t n_threads;       /* CPU worker threads; 0 (default) = all hardware threads. At most
+                              4 per hardware thread and never more than 1024 (more is
+                              INVALID_ARGUMENT) */
   /* Weight dtype. AUTO (default) keeps the checkpoint's; another value must equal it in this
    * version (converting at load is XSERV_ERR_UNSUPPORTED). */
   xserv_dtype dtype;
@@ -137,10 +140,19 @@ XSERV_API xserv_model_params xserv_model_default_params(void);
  * vocab.json + merges.txt, optionally tokenizer_config.json and generation_config.json).
  * `params` may be NULL for the defaults. On success *out_model owns the model (release it with
  * xserv_model_free); on failure *out_model is set to NULL.
- * Errors: INVALID_ARGUMENT (NULL path or out_model, bad params), NOT_FOUND (no such directory
- * or a required file missing), IO, FORMAT (corrupt files; the message names file and field),
- * UNSUPPORTED (architecture, dtype or device this build cannot run), OUT_OF_MEMORY, CUDA,
- * CANCELLED (the progress callback returned false). Thread-safe. */
+ * Only regular files are read (a FIFO or device in their place is IO, never a blocked load);
+ * config.json and the other JSON files beside the weights may hold at most 16 MiB, tokenizer
+ * files 128 MiB, a safetensors header 100 MB (more is FORMAT). The config is checked against
+ * the checkpoint's tensors before anything is sized from it.
+ * Errors: INVALID_ARGUMENT (NULL path or out_model, bad params such as n_threads past its cap),
+ * NOT_FOUND (no such directory, a required file missing, a shard named by
+ * model.safetensors.index.json missing), IO (a file that cannot be read or is not a regular
+ * file), FORMAT (corrupt files; the message names file and field: broken JSON, zero, negative
+ * or out-of-range config values, a config that disagrees with the checkpoint (e.g. its layer
+ * count), tensors with lying offsets, dtypes or shapes, tokenizer ids past the embedding's
+ * rows), UNSUPPORTED (architecture, dtype or device this build cannot run), OUT_OF_MEMORY,
+ * RESOURCE_EXHAUSTED (the system refused to start the worker threads; nothing is left
+ * running), CUDA, CANCELLED (the progress callback returned false). Thread-safe. */
 XSERV_API xserv_status xserv_model_load(const char* path, const xserv_model_params* params,
                                         xserv_model** out_model);
 
@@ -171,8 +183,9 @@ XSERV_API bool xserv_model_has_chat_template(const xserv_model* model);
  * input cannot inject them. Writes up to `capacity` ids to `tokens` and the full count to
  * *n_tokens.
  * Errors: INVALID_ARGUMENT (NULL model/text/n_tokens, NULL tokens with capacity > 0, invalid
- * UTF-8), BUFFER_TOO_SMALL (capacity < *n_tokens). Thread-safe (calls on one model are
- * serialized). */
+ * UTF-8), BUFFER_TOO_SMALL (capacity < *n_tokens), RESOURCE_EXHAUSTED (the tokenizer's
+ * pre-tokenizer pattern backtracked past its match budget on this text: a pathological
+ * pattern in the model's tokenizer.json). Thread-safe (calls on one model are serialized). */
 XSERV_API xserv_status xserv_tokenize(const xserv_model* model, const char* text,
                                       bool allow_special, int32_t* tokens, size_t capacity,
                                       size_t* n_tokens);

@@ -3,7 +3,10 @@
 # Usage: scripts/install-deps.sh   (as root, or with sudo available)
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libsimdjson-dev libfmt-dev catch2 libbenchmark-dev
-      libpcre2-dev libutf8proc-dev libopenblas-dev python3)
+      libpcre2-dev libutf8proc-dev libopenblas-dev python3
+      # clang and its runtime libraries (libFuzzer, ASan/UBSan for clang): the fuzz stage
+      # (scripts/fuzz.sh, tests/fuzz)
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install missing packages, build (CUDA too when nvcc is
-# found), run every test, then build and run the tests again under ASan + UBSan.
+# found), run every test, then build and run the tests again under ASan + UBSan, the thread
+# tests under ThreadSanitizer (the tsan preset registers the [threads] Catch2 cases and the
+# tests labelled "threads"), and each libFuzzer target briefly on its corpus (scripts/fuzz.sh).
 # Each stage prints how many tests it ran; a stage that ran none fails, and so does a build whose
 # ctest list misses a test case of the Catch2 binary (tests/check_test_count.py runs as a test).
 # Usage: scripts/test.sh [--no-sanitize]
@@ -10,13 +12,19 @@ scripts/install-deps.sh
 jobs=$(nproc)
 summary=()
 
-# run_stage PRESET: configure (tests and benchmarks on, whatever an earlier configure of the same
-# build folder chose, e.g. scripts/run-demo.sh), build, run ctest, record the totals.
+# run_stage PRESET [TARGET...]: configure (tests and benchmarks on, whatever an earlier configure
+# of the same build folder chose, e.g. scripts/run-demo.sh), build (only TARGETs when given: the
+# tests the preset's ctest filter selects), run ctest, record the totals.
 run_stage() {
   local preset=$1 log
+  shift
   log=$(mktemp)
   cmake --preset "$preset" -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_EXAMPLES=ON
-  cmake --build --preset "$preset" -j"$jobs"
+  if [ $# -gt 0 ]; then
+    cmake --build --preset "$preset" -j"$jobs" --target "$@"
+  else
+    cmake --build --preset "$preset" -j"$jobs"
+  fi
   local listed
   listed=$(ctest --preset "$preset" -N | sed -n 's/^Total Tests: *//p')
   if ! ctest --preset "$preset" -j"$jobs" --no-tests=error 2>&1 | tee "$log"; then
@@ -36,8 +44,19 @@ run_stage() {
 
 run_stage release
 if [ "${1:-}" != "--no-sanitize" ]; then
-  # The sanitizer build skips CUDA: device code is not instrumented and the GPU is not here.
+  # The sanitizer builds skip CUDA: device code is not instrumented and the GPU is not here.
   run_stage asan
+  # ThreadSanitizer over what its ctest preset selects (label "threads").
+  run_stage tsan xserv_tests capi_threads_test
+  # 7 targets x 20 s, plus the clang build.
+  fuzz_log=$(mktemp)
+  if ! scripts/fuzz.sh ci 20 2>&1 | tee "$fuzz_log"; then
+    summary+=("fuzz: FAILED")
+    printf 'scripts/test.sh: %s\n' "${summary[@]}"
+    exit 1
+  fi
+  summary+=("fuzz: $(grep -c '^fuzz .* ok:' "$fuzz_log") targets clean")
+  rm -f "$fuzz_log"
 fi
 printf 'scripts/test.sh: %s\n' "${summary[@]}"
 echo "scripts/test.sh: all tests passed"

@@ -6,7 +6,8 @@ runs it with the name as the test spec. A name that Catch2 reads as something el
 name in CMake, '[' starts a tag, '*' is a wildcard, '\\' escapes; ',' is escaped by Catch's
 CMake script) silently runs no test or the wrong ones; this check compares the binary's own list with what ctest will run.
 
-Usage: check_test_count.py CTEST BUILD_DIR TEST_BINARY
+Usage: check_test_count.py CTEST BUILD_DIR TEST_BINARY [TEST_SPEC]
+(TEST_SPEC: the Catch2 spec the build registered with, e.g. "[threads]" in the tsan preset.)
 """
 import json
 import os
@@ -14,9 +15,10 @@ import subprocess
 import sys
 
 ctest, build_dir, binary = sys.argv[1:4]
+spec = sys.argv[4:]
 
 # Catch2 v2 exits with the number of listed cases, so the status says nothing here.
-listed = subprocess.run([binary, "--list-test-names-only"], capture_output=True,
+listed = subprocess.run([binary, "--list-test-names-only", *spec], capture_output=True,
                         text=True).stdout.splitlines()
 listed = [n for n in listed if n.strip()]
 bad = [n for n in listed if any(c in n for c in ";[]*\\~\"")]

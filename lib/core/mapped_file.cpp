@@ -8,43 +8,68 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.hpp"
 
 namespace xserv {
 
 namespace {
+
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
   int err = errno;
   ErrorCode code = (err == ENOENT || err == ENOTDIR) ? ErrorCode::not_found : ErrorCode::io;
   throw_error(code, "{} '{}': {}", what, path, std::strerror(err));
 }
+
+// Closes the descriptor on every exit path.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void require_regular(const struct stat& st, const std::string& path) {
+  if (!S_ISREG(st.st_mode))
+    throw_error(ErrorCode::io, "'{}' is not a regular file ({}); model files must be", path,
+                S_ISDIR(st.st_mode)    ? "a directory"
+                : S_ISFIFO(st.st_mode) ? "a FIFO"
+                : S_ISCHR(st.st_mode)  ? "a character device"
+                : S_ISBLK(st.st_mode)  ? "a block device"
+                : S_ISSOCK(st.st_mode) ? "a socket"
+                                       : "not a file");
+}
+
+// Opens a regular file for reading and returns its size. stat() first, so a device or FIFO is
+// refused without being opened (opening some devices has effects); then the open itself does
+// not block (O_NONBLOCK: a FIFO swapped in since the stat opens at once instead of waiting for a
+// writer) and fstat() checks what was really opened. The non-blocking flag changes nothing for
+// a regular file's reads or maps.
+std::size_t open_regular(const std::string& path, Fd& file) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_errno("cannot open", path);
+  require_regular(st, path);
+  file.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (file.fd < 0) throw_errno("cannot open", path);
+  if (::fstat(file.fd, &st) != 0) throw_errno("cannot stat", path);
+  require_regular(st, path);
+  return static_cast<std::size_t>(st.st_size);
+}
+
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open", path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw_errno("cannot stat", path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw_error(ErrorCode::io, "'{}' is not a regular file", path);
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  Fd file;
+  size_ = open_regular(path, file);
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd, 0);
     if (p == MAP_FAILED) {
-      ::close(fd);
+      size_ = 0;
       throw_errno("cannot mmap", path);
     }
     data_ = static_cast<const std::uint8_t*>(p);
   }
-  ::close(fd);  // the mapping keeps the file alive
+  // The mapping keeps the file alive after the descriptor closes.
 }
 
 MappedFile::~MappedFile() { reset(); }
@@ -82,17 +107,33 @@ void MappedFile::reset() noexcept {
   size_ = 0;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    struct stat st {};
-    ErrorCode code = ::stat(path.c_str(), &st) != 0 ? ErrorCode::not_found : ErrorCode::io;
-    throw_error(code, "cannot open '{}'", path);
+std::string read_file(const std::string& path, std::size_t max_bytes) {
+  Fd file;
+  const std::size_t size = open_regular(path, file);
+  auto too_large = [&](std::size_t at_least) {
+    throw_error(ErrorCode::format, "'{}' holds {}{} bytes, more than the {} this file may have",
+                path, at_least > size ? "at least " : "", at_least, max_bytes);
+  };
+  if (size > max_bytes) too_large(size);
+  // Read up to one byte past the cap, so a file that grew since fstat is caught too.
+  std::string out(size, '\0');
+  std::size_t got = 0;
+  for (;;) {
+    if (got == out.size()) {
+      if (out.size() > max_bytes) too_large(out.size());
+      out.resize(std::min(max_bytes + 1, std::max<std::size_t>(out.size() * 2, 4096)));
+    }
+    const ssize_t n = ::read(file.fd, out.data() + got, out.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot read", path);
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw_error(ErrorCode::io, "cannot read '{}'", path);
-  return std::move(ss).str();
+  if (got > max_bytes) too_large(got);
+  out.resize(got);
+  return out;
 }
 
 }  // namespace xserv

@@ -1,5 +1,10 @@
 // A read-only memory map of a whole file. Weights are read straight from the map (zero-copy on
 // the CPU backend, the source of the pinned-staging upload on CUDA).
+//
+// Only regular files are read. A FIFO, socket or device named as a model file would block the
+// load forever (a FIFO's open waits for a writer) or stream without end (/dev/urandom), so every
+// file is opened without blocking and checked with fstat before a byte is read; anything but a
+// regular file is Error(io) naming it.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +17,8 @@ namespace xserv {
 class MappedFile {
  public:
   MappedFile() = default;
-  // Throws Error(not_found) when the file does not exist, Error(io) when it cannot be mapped.
+  // Throws Error(not_found) when the file does not exist, Error(io) when it is not a regular
+  // file or cannot be mapped.
   explicit MappedFile(const std::string& path);
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
@@ -42,7 +48,14 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// Reads a whole (small) file into a string. Throws like MappedFile.
-std::string read_file(const std::string& path);
+// The default cap of read_file: far above any real config.json, generation_config.json or
+// index, far below what would hurt a host.
+inline constexpr std::size_t kMaxSmallFileBytes = std::size_t{16} << 20;
+// The cap for tokenizer files (tokenizer.json of Qwen3 is 11 MB; the largest public ones ~35 MB).
+inline constexpr std::size_t kMaxTokenizerFileBytes = std::size_t{128} << 20;
+
+// Reads a whole (small) regular file into a string. Throws like MappedFile, and Error(format)
+// when the file holds more than `max_bytes` (nothing past the cap is read).
+std::string read_file(const std::string& path, std::size_t max_bytes = kMaxSmallFileBytes);
 
 }  // namespace xserv

@@ -1,22 +1,52 @@
 #include "core/thread_pool.hpp"
 
 #include <algorithm>
+#include <system_error>
+
+#include "core/error.hpp"
 
 namespace xserv {
 
-ThreadPool::ThreadPool(std::size_t threads) {
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  workers_.reserve(threads - 1);
-  for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+std::size_t ThreadPool::max_threads() noexcept {
+  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::clamp<std::size_t>(4 * hw, 4, kAbsoluteMaxThreads);
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::ThreadPool(std::size_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  XSERV_CHECK(threads <= max_threads(), ErrorCode::invalid_argument,
+              "{} threads asked; at most {} here (4 per hardware thread, never more than {})",
+              threads, max_threads(), kAbsoluteMaxThreads);
+  workers_.reserve(threads - 1);
+  for (std::size_t i = 1; i < threads; ++i) {
+    try {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {
+      // The destructor will not run for a constructor that throws: stop what was started here,
+      // or joinable std::threads would terminate the host.
+      const std::size_t started = workers_.size() + 1;
+      stop_workers();
+      throw_error(ErrorCode::resource_exhausted,
+                  "cannot start thread {} of {} (the system refused: {}); ask for fewer threads",
+                  started + 1, threads, e.what());
+    } catch (...) {
+      stop_workers();
+      throw;
+    }
+  }
+}
+
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::run_chunk(std::size_t index) {

@@ -27,7 +27,7 @@ struct Reader {
     return checked_int(key, *v);
   }
   std::int32_t checked_int(std::string_view key, std::int64_t v) const {
-    XSERV_CHECK(v >= 0 && v <= (1 << 30), ErrorCode::invalid_argument,
+    XSERV_CHECK(v >= 0 && v <= (1 << 30), ErrorCode::format,
                 "{}: field '{}' = {} is out of range", source, key, v);
     return static_cast<std::int32_t>(v);
   }
@@ -116,7 +116,7 @@ void parse_qwen3(const Reader& r, ModelConfig& c) {
 
 void validate(const ModelConfig& c, const std::string& source) {
   auto positive = [&](std::int32_t v, const char* what) {
-    XSERV_CHECK(v > 0, ErrorCode::invalid_argument, "{}: {} must be positive (got {})", source, what, v);
+    XSERV_CHECK(v > 0, ErrorCode::format, "{}: {} must be positive (got {})", source, what, v);
   };
   positive(c.vocab_size, "vocab size");
   positive(c.hidden_size, "hidden size");
@@ -126,20 +126,20 @@ void validate(const ModelConfig& c, const std::string& source) {
   positive(c.head_dim, "head dim");
   positive(c.intermediate_size, "intermediate size");
   positive(c.max_position_embeddings, "max position embeddings");
-  XSERV_CHECK(c.num_heads % c.num_kv_heads == 0, ErrorCode::invalid_argument,
+  XSERV_CHECK(c.num_heads % c.num_kv_heads == 0, ErrorCode::format,
               "{}: {} attention heads are not a multiple of {} key/value heads", source, c.num_heads,
               c.num_kv_heads);
   if (c.arch == ModelArch::gpt2)
-    XSERV_CHECK(c.hidden_size % c.num_heads == 0, ErrorCode::invalid_argument,
+    XSERV_CHECK(c.hidden_size % c.num_heads == 0, ErrorCode::format,
                 "{}: n_embd {} is not divisible by n_head {}", source, c.hidden_size, c.num_heads);
   XSERV_CHECK(c.head_dim % 2 == 0 && c.head_dim <= 512, ErrorCode::unsupported,
               "{}: head_dim {} is not supported (even, at most 512)", source, c.head_dim);
-  XSERV_CHECK(c.norm_eps > 0 && c.norm_eps < 1, ErrorCode::invalid_argument,
+  XSERV_CHECK(c.norm_eps > 0 && c.norm_eps < 1, ErrorCode::format,
               "{}: norm epsilon {} is absurd", source, c.norm_eps);
-  XSERV_CHECK(c.rope_theta > 0, ErrorCode::invalid_argument, "{}: rope_theta {} must be positive",
+  XSERV_CHECK(c.rope_theta > 0, ErrorCode::format, "{}: rope_theta {} must be positive",
               source, c.rope_theta);
   for (auto id : c.eos_token_ids)
-    XSERV_CHECK(id < c.vocab_size, ErrorCode::invalid_argument, "{}: eos_token_id {} >= vocab size {}",
+    XSERV_CHECK(id < c.vocab_size, ErrorCode::format, "{}: eos_token_id {} >= vocab size {}",
                 source, id, c.vocab_size);
 }
 

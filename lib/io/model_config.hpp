@@ -33,9 +33,11 @@ struct ModelConfig {
   std::optional<std::int32_t> bos_token_id;
   std::vector<std::int32_t> eos_token_ids;  // int or list in config.json
 
-  // Throws Error(format) naming `source` and the field for a missing or mistyped required field,
-  // Error(unsupported) for an unknown model_type, Error(invalid_argument) for absurd values
-  // (non-positive sizes, heads not dividing, ...).
+  // Throws Error(format) naming `source` and the field for a missing or mistyped required field
+  // and for corrupt or absurd values (non-positive sizes, sizes past 2^30, heads not dividing,
+  // ...): a config.json is a model file, and the C API promises FORMAT for a corrupt one.
+  // Error(unsupported) for an unknown model_type or a feature xserv does not run. load() reads
+  // at most kMaxSmallFileBytes (Error(format) past it) and only a regular file (Error(io)).
   static ModelConfig parse(std::string_view json, const std::string& source = "config.json");
   static ModelConfig load(const std::string& path);
 };

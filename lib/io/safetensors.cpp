@@ -195,7 +195,8 @@ std::vector<std::string> find_shards(const std::string& dir) {
   int total = std::stoi(key.substr(key.rfind('/') + 1));
   for (int i = 1; i <= total; ++i) {
     auto it = shards.find(i);
-    XSERV_CHECK(it != shards.end(), ErrorCode::format, "{}: shard {} of {} is missing", dir, i, total);
+    XSERV_CHECK(it != shards.end(), ErrorCode::not_found, "{}: shard {} of {} is missing", dir, i,
+                total);
     files.push_back(it->second);
   }
   return files;
@@ -244,7 +245,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
   }
 
   for (const auto& file : files) {
-    XSERV_CHECK(fs::exists(file, ec), ErrorCode::format, "checkpoint shard '{}' is missing", file);
+    XSERV_CHECK(fs::exists(file, ec), ErrorCode::not_found, "checkpoint shard '{}' is missing",
+                file);
     ck.files_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(file)));
   }
   for (const auto& f : ck.files_) {

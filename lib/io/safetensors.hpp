@@ -4,7 +4,8 @@
 // data_offsets: [begin, end]}, "__metadata__": {str: str}}, then the data. Offsets are relative
 // to the end of the header. A file is rejected (Error(format), naming the file and tensor) when
 // the header is too long or cut, the JSON is broken, a dtype is unknown, shape x dtype size
-// differs from the byte range, a range leaves the file or two ranges overlap.
+// differs from the byte range, a range leaves the file or two ranges overlap. What a header can
+// make xserv allocate is bounded by the header's own size (at most 100 MB, as HF's reader).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,9 @@ class SafetensorsFile {
 // `model.safetensors.index.json`, or (no index) every `*-0000N-of-0000M.safetensors` shard.
 class Checkpoint {
  public:
-  // Throws Error(not_found) when the directory has no safetensors, Error(format) for a broken
-  // index, a missing shard, or a tensor present in two shards.
+  // Throws Error(not_found) when the directory has no safetensors or a shard (named by the
+  // index, or one of 1..M of `*-0000N-of-0000M`) is missing, Error(io) for a file that is not a
+  // regular file, Error(format) for a broken index or a tensor present in two shards.
   static Checkpoint open(const std::string& dir);
 
   // nullptr when absent.

@@ -34,6 +34,39 @@ ConfigIdentity read_identity(const std::string& text, const std::string& source)
   return id;
 }
 
+// 1 + the largest N of the tensor names "<...>.<container>.N.<...>" (0 when none). Indices of
+// up to 9 digits count; a longer one counts as absurdly many layers.
+std::int64_t checkpoint_layers(const Checkpoint& checkpoint, std::string_view container) {
+  std::int64_t layers = 0;
+  for (const std::string& name : checkpoint.names()) {
+    std::string_view rest(name);
+    while (!rest.empty()) {
+      const std::size_t dot = rest.find('.');
+      const std::string_view part = rest.substr(0, dot);
+      rest = dot == std::string_view::npos ? std::string_view{} : rest.substr(dot + 1);
+      if (part != container) continue;
+      const std::string_view index = rest.substr(0, rest.find('.'));
+      if (index.empty() || index.find_first_not_of("0123456789") != std::string_view::npos) continue;
+      const std::int64_t n = index.size() > 9 ? std::int64_t{1} << 40 : std::stoll(std::string(index));
+      layers = std::max(layers, n + 1);
+      break;
+    }
+  }
+  return layers;
+}
+
+// The config's layer count must be the checkpoint's: fewer would leave tensors unused (a
+// checkpoint for another model), more would allocate per-layer state from an unchecked number
+// (n_layer = 1e6 took 3 GB before the first missing tensor was noticed).
+void check_layer_count(const Checkpoint& checkpoint, const ModelConfig& config,
+                       std::string_view container, const std::string& config_path) {
+  const std::int64_t have = checkpoint_layers(checkpoint, container);
+  XSERV_CHECK(have == config.num_layers, ErrorCode::format,
+              "{}: the config has {} layers but the checkpoint in '{}' holds tensors of {} layers "
+              "('{}.N.' names)",
+              config_path, config.num_layers, checkpoint.dir(), have, container);
+}
+
 std::string known_models() {
   std::string s;
   for (const auto& e : model_registry())
@@ -54,7 +87,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
   ModelConfig config = ModelConfig::parse(text, config_path);
 
   std::unique_ptr<Checkpoint> checkpoint;
-  if (!options.dummy_weights) checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  if (!options.dummy_weights) {
+    checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+    check_layer_count(*checkpoint, config, entry->layer_container, config_path);
+  }
   WeightLoader weights(backend, checkpoint.get(), config.dtype, options.dummy_seed);
   std::unique_ptr<Model> model = entry->make(config, dir, backend, weights, options);
   // The CPU backend's weights are views into the mapping; other backends hold copies, so the
@@ -95,6 +131,12 @@ void Model::warm_up() {
     if (m == longest) break;
   }
   backend_.synchronize();
+}
+
+void Model::check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tokenizer_source) const {
+  XSERV_CHECK(tokenizer_vocab <= config_.vocab_size, ErrorCode::format,
+              "{}: the tokenizer has ids up to {} but the model's embedding has {} rows ({})",
+              tokenizer_source, tokenizer_vocab - 1, config_.vocab_size, dir_);
 }
 
 kv::KvSpec Model::kv_spec() const noexcept {

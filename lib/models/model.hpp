@@ -47,8 +47,9 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   // Throws Error(not_found | io | format) for missing or malformed files (a missing or
-  // mis-shaped tensor is Error(format) naming it and both shapes), Error(unsupported) for an
-  // unknown architecture.
+  // mis-shaped tensor is Error(format) naming it and both shapes; so is a config whose layer
+  // count differs from the checkpoint's, checked before anything is sized from the config),
+  // Error(unsupported) for an unknown architecture.
   static std::unique_ptr<Model> load(const std::string& dir, Backend& backend,
                                      const ModelOptions& options = {});
 
@@ -60,6 +61,12 @@ class Model {
   std::int32_t max_batch_tokens() const noexcept { return max_batch_tokens_; }
   std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
   std::size_t weight_bytes() const noexcept { return weight_bytes_; }
+
+  // Throws Error(format) when a tokenizer of `tokenizer_vocab` ids (its largest id + 1) has ids
+  // past the embedding's rows: those would reach the embedding gather out of bounds. Fewer ids
+  // than rows is fine (padding rows, Qwen3: 151669 ids, 151936 rows). Call it once the model's
+  // tokenizer is loaded; `tokenizer_source` names it in the message.
+  void check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tokenizer_source) const;
 
   // What a KV cache for this model holds per layer.
   kv::KvSpec kv_spec() const noexcept;

@@ -4,8 +4,8 @@ namespace xserv {
 
 namespace {
 constexpr ModelEntry kModels[] = {
-    {"gpt2", "GPT2LMHeadModel", make_gpt2},
-    {"qwen3", "Qwen3ForCausalLM", make_qwen3},
+    {"gpt2", "GPT2LMHeadModel", make_gpt2, "h"},
+    {"qwen3", "Qwen3ForCausalLM", make_qwen3, "layers"},
 };
 }  // namespace
 

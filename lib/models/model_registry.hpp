@@ -2,7 +2,7 @@
 //
 // Adding an architecture: write <name>.cpp with a factory that declares its weights on the
 // WeightLoader, loads them, plans its workspace and returns the model; add a line to the table
-// in model_registry.cpp.
+// in model_registry.cpp (with the name component that holds its layers' indices).
 #pragma once
 
 #include <memory>
@@ -24,6 +24,10 @@ struct ModelEntry {
   std::string_view model_type;    // config.json "model_type"
   std::string_view architecture;  // an entry of config.json "architectures"
   ModelFactory make;
+  // The name component before a layer's index in tensor names ("h" in "transformer.h.3.ln_1",
+  // "layers" in "model.layers.3.mlp"): Model::load counts the checkpoint's layers with it and
+  // refuses a config that disagrees before anything is allocated from the config's sizes.
+  std::string_view layer_container;
 };
 
 std::span<const ModelEntry> model_registry() noexcept;

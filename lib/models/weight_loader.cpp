@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <system_error>
 #include <thread>
 
 #include "core/error.hpp"
@@ -122,8 +123,14 @@ void WeightLoader::fill_dummy(Entry& e, std::size_t index) {
   } else {
     std::vector<std::thread> pool;
     const std::size_t chunk = (n + threads - 1) / threads;
-    for (std::size_t t = 0; t < threads; ++t)
-      pool.emplace_back(fill, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+    std::size_t t = 0;
+    try {
+      for (; t < threads; ++t)
+        pool.emplace_back(fill, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+    } catch (const std::system_error&) {
+      // The system refused a thread: this one fills the chunks that have none.
+      for (; t < threads; ++t) fill(std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+    }
     for (auto& th : pool) th.join();
   }
   *e.dst = Tensor(b.data(), dummy_dtype_, e.shape, backend_.device());

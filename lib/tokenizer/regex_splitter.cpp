@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdint>
+
 #include "core/error.hpp"
 
 namespace xserv::tokenizer {
@@ -54,6 +56,8 @@ std::string rewrite_spaces(std::string_view p) {
   return out;
 }
 
+constexpr std::uint32_t kMatchLimit = 10'000'000;
+
 // A match context with a JIT stack per thread: the default 32 KiB stack is too small for
 // \s+(?!\S) over long whitespace runs.
 struct ThreadMatchState {
@@ -64,6 +68,8 @@ struct ThreadMatchState {
     context = pcre2_match_context_create(nullptr);
     stack = pcre2_jit_stack_create(std::size_t{32} << 10, std::size_t{16} << 20, nullptr);
     if (context && stack) pcre2_jit_stack_assign(context, nullptr, stack);
+    // PCRE2's default budget, stated: about 0.1 s of backtracking per match attempt.
+    if (context) pcre2_set_match_limit(context, kMatchLimit);
     data = pcre2_match_data_create(1, nullptr);
     if (!context || !data)
       throw Error(ErrorCode::out_of_memory, "tokenizer: cannot allocate PCRE2 match state");
@@ -76,6 +82,21 @@ struct ThreadMatchState {
   ThreadMatchState(const ThreadMatchState&) = delete;
   ThreadMatchState& operator=(const ThreadMatchState&) = delete;
 };
+
+// A pattern that backtracks without end (a tokenizer.json with "(a+)+$") stops at PCRE2's
+// limits instead of running for hours: Error(resource_exhausted), which the C API documents for
+// xserv_tokenize. Any other failure is a bug here (Error(internal)).
+[[noreturn]] void throw_match_error(int rc, std::size_t offset) {
+  PCRE2_UCHAR msg[256];
+  pcre2_get_error_message(rc, msg, sizeof msg);
+  const bool limit = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                     rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT ||
+                     rc == PCRE2_ERROR_NOMEMORY;
+  throw_error(limit ? ErrorCode::resource_exhausted : ErrorCode::internal,
+              "tokenizer: the pre-tokenizer pattern {} at byte {} of the text: {}",
+              limit ? "exceeded its matching budget" : "failed", offset,
+              reinterpret_cast<const char*>(msg));
+}
 
 ThreadMatchState& thread_state() {
   thread_local ThreadMatchState state;
@@ -118,12 +139,7 @@ void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& 
                         : pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
                                       st.data, st.context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0 && rc != 0) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(rc, msg, sizeof msg);
-      throw_error(ErrorCode::internal, "tokenizer: pre-tokenizer match failed: {}",
-                  reinterpret_cast<const char*>(msg));
-    }
+    if (rc < 0) throw_match_error(rc, pos);
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
     std::size_t start = ov[0], end = ov[1];
     if (end == start) {

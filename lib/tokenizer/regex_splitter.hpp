@@ -22,7 +22,8 @@ class RegexSplitter {
   explicit RegexSplitter(std::string_view pattern);
 
   // Appends the pieces of `text` (valid UTF-8, not checked again) to `out`, in order; they
-  // concatenate to `text`.
+  // concatenate to `text`. Throws Error(resource_exhausted) when the pattern backtracks past
+  // PCRE2's match limit on this text (a pathological pattern from a tokenizer file).
   void split(std::string_view text, std::vector<std::string_view>& out) const;
 
   // The pattern after the \s rewrite (for tests and error messages).

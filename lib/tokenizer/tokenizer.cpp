@@ -144,17 +144,19 @@ std::shared_ptr<const Tokenizer::Impl> build_tokenizer(TokenizerSpec spec) {
 }  // namespace tokenizer
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  // fs::exists, not is_regular_file: a FIFO or device named tokenizer.json must be refused by
+  // the reader (Error(io)), not skipped in favour of another file or reported as missing.
   std::error_code ec;
   fs::path p(path);
   if (fs::is_directory(p, ec)) {
-    if (fs::is_regular_file(p / "tokenizer.json", ec))
+    if (fs::exists(p / "tokenizer.json", ec))
       return Tokenizer(tokenizer::build_tokenizer(
           tokenizer::read_tokenizer_json((p / "tokenizer.json").string())));
-    if (fs::is_regular_file(p / "vocab.json", ec) && fs::is_regular_file(p / "merges.txt", ec))
+    if (fs::exists(p / "vocab.json", ec) && fs::exists(p / "merges.txt", ec))
       return Tokenizer(tokenizer::build_tokenizer(tokenizer::read_vocab_merges(p.string())));
     throw_error(ErrorCode::not_found, "{}: no tokenizer.json nor vocab.json + merges.txt", path);
   }
-  if (!fs::is_regular_file(p, ec))
+  if (!fs::exists(p, ec))
     throw_error(ErrorCode::not_found, "{}: no such tokenizer file or directory", path);
   if (p.filename() == "vocab.json" || p.filename() == "merges.txt")
     return Tokenizer(

@@ -26,15 +26,18 @@ class Tokenizer {
   // `path`: a model directory (its tokenizer.json, else vocab.json + merges.txt) or the path of
   // a tokenizer.json. The chat template comes from tokenizer_config.json (or
   // chat_template.jinja) in the same directory when present.
-  // Throws Error(not_found) when no tokenizer files are there, Error(format) for malformed
-  // files, Error(unsupported) for tokenizer kinds other than byte-level BPE.
+  // Throws Error(not_found) when no tokenizer files are there, Error(io) for one that is not a
+  // regular file (a FIFO, a device), Error(format) for malformed files or one larger than
+  // kMaxTokenizerFileBytes (core/mapped_file.hpp), Error(unsupported) for tokenizer kinds other
+  // than byte-level BPE.
   static Tokenizer load(const std::string& path);
 
   // Token ids of `text`. allow_special = false encodes special added tokens (those marked
   // "special", e.g. <|im_start|>) as ordinary text, so untrusted input cannot inject them
   // (HF: encode_special_tokens = true); non-special added tokens such as <think> still match.
   // Throws Error(invalid_argument) when `text` is not valid UTF-8 (nothing is guessed or
-  // replaced: the message gives the byte offset).
+  // replaced: the message gives the byte offset), Error(resource_exhausted) when the
+  // tokenizer's pre-tokenizer pattern backtracks past its match budget on this text.
   std::vector<std::int32_t> encode(std::string_view text, bool allow_special = true) const;
 
   // Text of `ids`. Ids outside the vocabulary (e.g. the padding rows of a model's embedding)

@@ -5,10 +5,9 @@
 
 #include <cctype>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.hpp"
+#include "core/mapped_file.hpp"
 #include "tokenizer/tokenizer_impl.hpp"
 
 namespace xserv::tokenizer {
@@ -17,13 +16,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Every tokenizer file is read through read_file: regular files only (a FIFO would block the
+// load), at most kMaxTokenizerFileBytes (a link to /dev/zero or a 10 GB file is refused before
+// it is read).
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_error(ErrorCode::not_found, "tokenizer: cannot open {}", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw_error(ErrorCode::io, "tokenizer: cannot read {}", path);
-  return ss.str();
+  return read_file(path, kMaxTokenizerFileBytes);
 }
 
 simdjson::dom::element parse_json(simdjson::dom::parser& parser, const std::string& text,
@@ -172,10 +169,11 @@ std::string read_config_chat_template(simdjson::dom::element config) {
 // The chat template beside the tokenizer files: chat_template.jinja (what transformers writes
 // today) first, else tokenizer_config.json's field.
 std::string read_chat_template(const fs::path& dir, simdjson::dom::parser& parser) {
+  std::error_code ec;
   fs::path jinja = dir / "chat_template.jinja";
-  if (fs::is_regular_file(jinja)) return read_text_file(jinja.string());
+  if (fs::exists(jinja, ec)) return read_text_file(jinja.string());
   fs::path config = dir / "tokenizer_config.json";
-  if (!fs::is_regular_file(config)) return {};
+  if (!fs::exists(config, ec)) return {};
   std::string text = read_text_file(config.string());
   return read_config_chat_template(parse_json(parser, text, config.string()));
 }
@@ -289,7 +287,8 @@ TokenizerSpec read_vocab_merges(const std::string& dir_str) {
   // normalizer, as transformers' slow tokenizers do) and lists the added tokens.
   std::string tokenizer_class;
   fs::path config_path = dir / "tokenizer_config.json";
-  if (fs::is_regular_file(config_path)) {
+  std::error_code ec;
+  if (fs::exists(config_path, ec)) {
     std::string text = read_text_file(config_path.string());
     simdjson::dom::element config = parse_json(parser, text, config_path.string());
     std::string_view cls;

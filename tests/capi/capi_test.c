@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "qwen3_chat_model.h"
 #include "xserv.h"
 
 static int g_checks = 0;
@@ -533,37 +534,24 @@ static void test_long_prompt(xserv_model* model) {
   free(prompt);
 }
 
-/* Qwen3's chat template, on the tiny random Qwen3 with the real Qwen3 tokenizer beside it. */
+/* Qwen3's chat template, on a small random Qwen3 with the real Qwen3 tokenizer beside it
+ * (qwen3_chat_model.h). */
 static void test_chat_template_qwen3(void) {
-  static const char* const kNames[] = {"config.json", "model.safetensors", "tokenizer.json",
-                                       "tokenizer_config.json"};
   char dir[] = "/tmp/xserv-capi-qwen3-XXXXXX";
-  char from[4096], to[4096];
-  const char* sources[4];
   xserv_model* model = NULL;
   xserv_chat_message msgs[3] = {{"system", "You are terse."}, {"user", "Hi!"}, {"user", "2+2?"}};
   char* text;
   size_t len = 0, len2 = 0;
-  size_t i;
   xserv_model_params mp = xserv_model_default_params();
 
-  sources[0] = XSERV_TEST_DATA_DIR "/models/tiny-qwen3/config.json";
-  sources[1] = XSERV_TEST_DATA_DIR "/models/tiny-qwen3/model.safetensors";
-  sources[2] = XSERV_SHARED_DIR "/tokenizers/qwen3/tokenizer.json";
-  sources[3] = XSERV_SHARED_DIR "/tokenizers/qwen3/tokenizer_config.json";
-  for (i = 0; i < 4; ++i)
-    if (!file_exists(sources[i])) {
-      printf("capi_test: %s missing, Qwen3 chat template not tested\n", sources[i]);
-      return;
-    }
   if (mkdtemp(dir) == NULL) {
     CHECK(!"mkdtemp failed");
     return;
   }
-  for (i = 0; i < 4; ++i) {
-    snprintf(to, sizeof to, "%s/%s", dir, kNames[i]);
-    snprintf(from, sizeof from, "%s", sources[i]);
-    CHECK(symlink(from, to) == 0);
+  if (!write_qwen3_chat_model(dir)) {
+    printf("capi_test: shared/tokenizers/qwen3 missing, Qwen3 chat template not tested\n");
+    remove_qwen3_chat_model(dir);
+    return;
   }
   mp.device = XSERV_DEVICE_CPU;
   CHECK_STATUS(xserv_model_load(dir, &mp, &model), XSERV_OK, "");
@@ -587,7 +575,7 @@ static void test_chat_template_qwen3(void) {
                  XSERV_ERR_INVALID_ARGUMENT, "messages[1].role");
     xserv_model_free(model);
   }
-  remove_dir(dir, kNames, 4);
+  remove_qwen3_chat_model(dir);
 }
 
 int main(void) {

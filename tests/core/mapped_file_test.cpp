@@ -1,4 +1,8 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <fstream>
 
 #include "core/error.hpp"
 #include "core/mapped_file.hpp"
@@ -54,4 +58,43 @@ TEST_CASE("MappedFile release_pages drops resident pages and the bytes read back
   CHECK_FALSE(f.contains(f.data() + f.size()));
   CHECK(sum() == before);
   CHECK(std::string(reinterpret_cast<const char*>(f.data()), f.size()) == content);
+}
+
+TEST_CASE("MappedFile and read_file refuse a FIFO or a device without blocking", "[core][io]") {
+  test::TempDir dir;
+  const std::string fifo = dir.file("config.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // No writer ever opens the FIFO: a blocking open would hang this test (ctest's timeout).
+  auto refused = [](auto&& read, const std::string& path, const char* kind) {
+    try {
+      read(path);
+      FAIL("read " << path);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::io);
+      CHECK_THAT(e.what(), Catch::Contains(path) && Catch::Contains(kind));
+    }
+  };
+  refused([](const std::string& p) { MappedFile f(p); }, fifo, "FIFO");
+  refused([](const std::string& p) { read_file(p); }, fifo, "FIFO");
+  refused([](const std::string& p) { read_file(p); }, "/dev/zero", "character device");
+  refused([](const std::string& p) { MappedFile f(p); }, "/dev/urandom", "character device");
+}
+
+TEST_CASE("read_file stops at its size cap", "[core][io]") {
+  test::TempDir dir;
+  const std::string path = dir.write("big.json", std::string(100, ' '));
+  CHECK(read_file(path, 100).size() == 100);
+  try {
+    read_file(path, 99);
+    FAIL("read past the cap");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::format);
+    CHECK_THAT(e.what(), Catch::Contains("100 bytes") && Catch::Contains("99"));
+  }
+  // The default cap: a sparse 17 MiB config.json is refused before any of it is read.
+  const std::string sparse = dir.file("sparse.json");
+  { std::ofstream(sparse).put(' '); }
+  REQUIRE(::truncate(sparse.c_str(), 17 << 20) == 0);
+  CHECK_THROWS_AS(read_file(sparse), Error);
+  CHECK(read_file(dir.write("empty", ""), 0).empty());
 }

@@ -1,10 +1,15 @@
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <stdexcept>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/thread_pool.hpp"
+#include "support/resource_limits.hpp"
 
 using namespace xserv;
 
@@ -41,4 +46,62 @@ TEST_CASE("parallel_for rethrows an exception from a chunk", "[core][threads]") 
   std::atomic<int> n{0};
   pool.parallel_for(10, [&](std::size_t b, std::size_t e) { n += static_cast<int>(e - b); });
   CHECK(n == 10);
+}
+
+TEST_CASE("ThreadPool refuses a thread count past its cap", "[core][threads]") {
+  const std::size_t cap = ThreadPool::max_threads();
+  CHECK(cap >= 4);
+  CHECK(cap <= ThreadPool::kAbsoluteMaxThreads);
+  for (std::size_t n : {cap + 1, std::size_t{100000}}) {
+    try {
+      ThreadPool pool(n);
+      FAIL("made " << n << " threads");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains(std::to_string(n)) && Catch::Contains("threads"));
+    }
+  }
+}
+
+// A sanitizer's runtime reserves terabytes of address space, so RLIMIT_AS cannot be lowered
+// under one; the C API test (tests/capi/capi_hostile_test.c) covers the same path from C.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define XSERV_TEST_UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define XSERV_TEST_UNDER_SANITIZER 1
+#endif
+#endif
+
+TEST_CASE("ThreadPool fails cleanly when the system refuses a thread part-way", "[core][threads]") {
+#ifdef XSERV_TEST_UNDER_SANITIZER
+  SUCCEED("skipped under a sanitizer");
+#else
+  // In a child process: the address space is capped just above what it uses, so thread stacks
+  // run out after the first worker. The constructor must throw resource_exhausted (not hang, not
+  // terminate); alarm() turns a hang into a failure.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::alarm(30);
+    // Room for one worker's stack and a half: the second worker cannot start.
+    test::limit_address_space(test::default_thread_stack_bytes() * 3 / 2);
+    try {
+      ThreadPool pool(ThreadPool::max_threads());
+      ::_exit(2);  // the limit did not bite
+    } catch (const Error& e) {
+      ::_exit(e.code() == ErrorCode::resource_exhausted &&
+                      std::string(e.what()).find("cannot start thread") != std::string::npos
+                  ? 0
+                  : 3);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO("child status " << status << " (exit 2: the limit did not bite, 3: wrong error)");
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+#endif
 }

@@ -105,13 +105,22 @@ TEST_CASE("config: malformed or unsupported configs are clear errors", "[io][con
   fails(R"({"model_type": "llama"})", ErrorCode::unsupported, "llama");
   fails(replace(kQwen3, R"("hidden_size": 1024,)", ""), ErrorCode::format, "'hidden_size'");
   fails(replace(kQwen3, R"("hidden_size": 1024)", R"("hidden_size": "big")"), ErrorCode::format, "'hidden_size'");
-  fails(replace(kQwen3, R"("num_key_value_heads": 8)", R"("num_key_value_heads": 3)"), ErrorCode::invalid_argument, "multiple");
-  fails(replace(kQwen3, R"("num_hidden_layers": 28)", R"("num_hidden_layers": 0)"), ErrorCode::invalid_argument, "layer count");
-  fails(replace(kQwen3, R"("vocab_size": 151936)", R"("vocab_size": -5)"), ErrorCode::invalid_argument, "vocab_size");
+  fails(replace(kQwen3, R"("num_key_value_heads": 8)", R"("num_key_value_heads": 3)"), ErrorCode::format, "multiple");
+  fails(replace(kQwen3, R"("num_hidden_layers": 28)", R"("num_hidden_layers": 0)"), ErrorCode::format, "layer count");
+  fails(replace(kQwen3, R"("vocab_size": 151936)", R"("vocab_size": -5)"), ErrorCode::format, "vocab_size");
   fails(replace(kQwen3, R"("torch_dtype": "bfloat16")", R"("torch_dtype": "int8")"), ErrorCode::unsupported, "int8");
   fails(replace(kQwen3, R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"), ErrorCode::unsupported, "yarn");
-  fails(replace(kGpt2, R"("eos_token_id": 50256)", R"("eos_token_id": 60000)"), ErrorCode::invalid_argument, "eos_token_id");
-  fails(replace(kGpt2, R"("n_head": 12)", R"("n_head": 7)"), ErrorCode::invalid_argument, "divisible");
+  fails(replace(kGpt2, R"("eos_token_id": 50256)", R"("eos_token_id": 60000)"), ErrorCode::format, "eos_token_id");
+  fails(replace(kGpt2, R"("n_head": 12)", R"("n_head": 7)"), ErrorCode::format, "divisible");
+  // Zero, negative, absurd and non-integer sizes: FORMAT, as xserv.h promises for corrupt files.
+  fails(replace(kGpt2, R"("n_layer": 12)", R"("n_layer": 4000000000)"), ErrorCode::format, "n_layer");
+  fails(replace(kGpt2, R"("n_embd": 768)", R"("n_embd": 1e300)"), ErrorCode::format, "n_embd");
+  fails(replace(kGpt2, R"("n_embd": 768)", R"("n_embd": 0)"), ErrorCode::format, "hidden size");
+  fails(replace(kGpt2, R"("n_head": 12)", R"("n_head": 2.5)"), ErrorCode::format, "n_head");
+  fails(replace(kGpt2, R"("n_positions": 1024)", R"("n_positions": -1)"), ErrorCode::format, "n_positions");
+  fails(replace(kGpt2, R"("vocab_size": 50257)", R"("vocab_size": 18446744073709551615)"), ErrorCode::format, "vocab_size");
+  fails(replace(kQwen3, R"("rms_norm_eps": 1e-06)", R"("rms_norm_eps": -1)"), ErrorCode::format, "epsilon");
+  fails(replace(kQwen3, R"("rope_theta": 1000000)", R"("rope_theta": 0)"), ErrorCode::format, "rope_theta");
 }
 
 TEST_CASE("config: model_type may come from architectures", "[io][config]") {

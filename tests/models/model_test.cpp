@@ -215,6 +215,31 @@ TEST_CASE("Model::load errors name the tensor, the shapes or the field", "[model
     dir.write("model.safetensors", test::tiny_gpt2_weights().file());
     expect(ErrorCode::format, {"n_embd"});
   }
+  SECTION("checkpoint with more layers than the config") {
+    dir.write("config.json", test::tiny_gpt2_config());  // 2 layers
+    dir.write("model.safetensors", test::tiny_gpt2_weights("transformer.", 64, 16, 3).file());
+    expect(ErrorCode::format, {"config has 2 layers", "3 layers", "'h.N.'"});
+  }
+  SECTION("absurd layer count, refused before anything is sized from it") {
+    // 1e6 layers used to allocate 3 GB of per-layer state before a tensor was looked at.
+    dir.write("config.json", test::tiny_gpt2_config(64, 16, 1000000));
+    dir.write("model.safetensors", test::tiny_gpt2_weights().file());
+    expect(ErrorCode::format, {"config has 1000000 layers", "2 layers"});
+  }
+  SECTION("a layer index far past the config in a tensor name") {
+    auto w = test::tiny_gpt2_weights();
+    w.add_f32("transformer.h.99999999999.ln_1.weight", {1}, {1.0f});
+    dir.write("config.json", test::tiny_gpt2_config());
+    dir.write("model.safetensors", w.file());
+    expect(ErrorCode::format, {"config has 2 layers"});
+  }
+  SECTION("Qwen3 checkpoint with more layers than the config") {
+    auto w = test::tiny_gpt2_weights();
+    w.add_f32("model.layers.7.mlp.up_proj.weight", {1}, {1.0f});
+    dir.write("config.json", test::tiny_qwen3_config());
+    dir.write("model.safetensors", w.file());
+    expect(ErrorCode::format, {"config has 2 layers", "8 layers", "'layers.N.'"});
+  }
   SECTION("unknown architecture") {
     dir.write("config.json", R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})");
     expect(ErrorCode::unsupported, {"llama", "gpt2", "qwen3"});
@@ -225,6 +250,23 @@ TEST_CASE("Model::load errors name the tensor, the shapes or the field", "[model
   }
   SECTION("no config") {
     expect(ErrorCode::not_found, {"config.json"});
+  }
+}
+
+TEST_CASE("Model::check_tokenizer refuses ids past the embedding rows", "[models]") {
+  auto backend = make_backend(DeviceKind::cpu, {1, 0});
+  test::TempDir dir;
+  dir.write("config.json", test::tiny_gpt2_config());
+  dir.write("model.safetensors", test::tiny_gpt2_weights().file());
+  auto model = Model::load(dir.path().string(), *backend);
+  model->check_tokenizer(64, "tok.json");  // as many ids as rows
+  model->check_tokenizer(10, "tok.json");  // padding rows are fine
+  try {
+    model->check_tokenizer(65, "tok.json");
+    FAIL("accepted id 64 of a 64-row embedding");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::format);
+    CHECK_THAT(e.what(), Catch::Contains("tok.json") && Catch::Contains("64 rows"));
   }
 }
 
