@@ -50,9 +50,10 @@
 #  define XSERV_API __attribute__((visibility("default")))
 #endif
 
+/* The version of this header; xserv_version() gives the library's. */
 #define XSERV_VERSION_MAJOR 0
-#define XSERV_VERSION_MINOR 1
-#define XSERV_VERSION_PATCH 0
+#define XSERV_VERSION_MINOR 1 /* see XSERV_VERSION_MAJOR */
+#define XSERV_VERSION_PATCH 0 /* see XSERV_VERSION_MAJOR */
 /* The ABI version: the N of libxserv.so.N. Raised only when the ABI breaks. */
 #define XSERV_ABI_VERSION 0
 
@@ -101,12 +102,14 @@ XSERV_API void xserv_string_free(char* str);
 /* A loaded model: weights on a device, its tokenizer and its chat template. Opaque. */
 typedef struct xserv_model xserv_model;
 
+/* Where a model runs (xserv_model_params.device). */
 typedef enum xserv_device {
   XSERV_DEVICE_AUTO = 0, /* CUDA when this build has it and a GPU is visible, else the CPU */
   XSERV_DEVICE_CPU = 1,
   XSERV_DEVICE_CUDA = 2
 } xserv_device;
 
+/* The dtype of a model's weights (xserv_model_params.dtype). */
 typedef enum xserv_dtype {
   XSERV_DTYPE_AUTO = 0, /* the checkpoint's own dtype */
   XSERV_DTYPE_F32 = 1,
@@ -119,6 +122,7 @@ typedef enum xserv_dtype {
  * Runs on the thread that called xserv_model_load. */
 typedef bool (*xserv_progress_callback)(float progress, void* user_data);
 
+/* How xserv_model_load loads a model. Start from xserv_model_default_params(). */
 typedef struct xserv_model_params {
   xserv_device device;     /* default XSERV_DEVICE_AUTO */
   int32_t device_index;    /* which GPU for XSERV_DEVICE_CUDA; default 0 */
@@ -164,10 +168,10 @@ XSERV_API void xserv_model_free(xserv_model* model);
  * Strings are owned by the model and valid until xserv_model_free. Thread-safe. */
 XSERV_API int32_t xserv_model_n_vocab(const xserv_model* model);  /* tokenizer vocab size */
 XSERV_API int32_t xserv_model_n_ctx(const xserv_model* model);    /* max positions */
-XSERV_API int32_t xserv_model_n_layer(const xserv_model* model);
-XSERV_API int32_t xserv_model_n_embd(const xserv_model* model);
-XSERV_API int32_t xserv_model_n_head(const xserv_model* model);
-XSERV_API int32_t xserv_model_n_head_kv(const xserv_model* model);
+XSERV_API int32_t xserv_model_n_layer(const xserv_model* model);  /* transformer layers */
+XSERV_API int32_t xserv_model_n_embd(const xserv_model* model);   /* hidden size */
+XSERV_API int32_t xserv_model_n_head(const xserv_model* model);   /* attention (query) heads */
+XSERV_API int32_t xserv_model_n_head_kv(const xserv_model* model); /* key/value heads (GQA) */
 XSERV_API const char* xserv_model_arch(const xserv_model* model);   /* "gpt2", "qwen3" */
 XSERV_API const char* xserv_model_device(const xserv_model* model); /* "cpu", "cuda" */
 /* One line for humans: "gpt2, 6 layers, 384 wide, 50257 tokens, f16 on cpu". */
@@ -205,8 +209,8 @@ XSERV_API xserv_status xserv_detokenize(const xserv_model* model, const int32_t*
 
 /* One message of a conversation. role: "system", "user" or "assistant". */
 typedef struct xserv_chat_message {
-  const char* role;
-  const char* content;
+  const char* role;    /* "system", "user" or "assistant" (NUL-terminated UTF-8) */
+  const char* content; /* the message text (NUL-terminated UTF-8) */
 } xserv_chat_message;
 
 /* Renders a conversation with the model's chat template (Qwen3: ChatML) into the prompt text,
@@ -224,6 +228,7 @@ XSERV_API xserv_status xserv_apply_chat_template(const xserv_model* model,
 
 /* ---- generation ----------------------------------------------------------------------- */
 
+/* Why generation of a sample ended. */
 typedef enum xserv_finish_reason {
   XSERV_FINISH_NONE = 0,     /* still running */
   XSERV_FINISH_STOP = 1,     /* an end-of-sequence id, a stop token or a stop string */
@@ -232,6 +237,8 @@ typedef enum xserv_finish_reason {
   XSERV_FINISH_ERROR = 4       /* the request failed (engine events: see their status) */
 } xserv_finish_reason;
 
+/* Sampling and stopping for xserv_generate and engine requests. Start from
+ * xserv_generate_default_params(). */
 typedef struct xserv_generate_params {
   int32_t max_tokens;       /* generated tokens at most; default 128 */
   float temperature;        /* 0 = greedy; default 1 */
@@ -245,9 +252,9 @@ typedef struct xserv_generate_params {
   /* Generation ends before the first occurrence of any of these strings; the stop string is
    * not part of the output. The array and strings are read during the call only. */
   const char* const* stop_strings;
-  size_t n_stop_strings;
+  size_t n_stop_strings;      /* entries in stop_strings */
   const int32_t* stop_tokens; /* extra ids that end generation (besides the model's eos) */
-  size_t n_stop_tokens;
+  size_t n_stop_tokens;       /* entries in stop_tokens */
   bool ignore_eos;            /* keep going past the model's end-of-sequence ids */
 } xserv_generate_params;
 
@@ -305,10 +312,12 @@ XSERV_API xserv_status xserv_generate(xserv_model* model, const char* prompt,
  * versions only append fields; the library reads the fields that fit in struct_size and uses
  * the defaults for the rest, so hosts compiled against an older header keep working. */
 
+/* An engine: a KV-cache pool and a scheduler over one model (see above). Opaque. */
 typedef struct xserv_engine xserv_engine;
 /* Identifies a request within its engine; never 0 for a submitted request. */
 typedef uint64_t xserv_request_id;
 
+/* How xserv_engine_create sizes and runs an engine. Start from xserv_engine_default_params(). */
 typedef struct xserv_engine_params {
   size_t struct_size;         /* set by xserv_engine_default_params */
   int32_t max_seqs;           /* requests running at once (the batch); default 256 */
@@ -338,6 +347,7 @@ XSERV_API xserv_status xserv_engine_create(xserv_model* model, const xserv_engin
  * the engine. NULL is a no-op. */
 XSERV_API void xserv_engine_free(xserv_engine* engine);
 
+/* What an xserv_event reports. */
 typedef enum xserv_event_type {
   XSERV_EVENT_TOKEN = 1,   /* a generated token; finish != NONE on a sample's last one */
   XSERV_EVENT_FINISHED = 2, /* a sample ended without a token of its own (cancel, an error
@@ -346,7 +356,7 @@ typedef enum xserv_event_type {
 
 /* One of the top log-probabilities at a sampled position. */
 typedef struct xserv_top_logprob {
-  int32_t token;
+  int32_t token; /* the token id */
   float logprob; /* natural log of its probability under the model's own distribution
                     (log_softmax of the logits, before temperature and penalties), as OpenAI
                     reports it */
@@ -356,15 +366,15 @@ typedef struct xserv_top_logprob {
  * until the same thread's next xserv_engine_poll call or xserv_engine_free. Fields may be added
  * at the end in later versions. */
 typedef struct xserv_event {
-  xserv_event_type type;
-  xserv_request_id request;
+  xserv_event_type type;   /* TOKEN or FINISHED */
+  xserv_request_id request; /* the id xserv_engine_submit returned */
   int32_t index;           /* which sample of the request, 0 .. n-1 */
   int32_t token;           /* the generated id (TOKEN), -1 otherwise */
   const char* text;        /* text that became safe to show (NUL-terminated, may be "") */
-  size_t text_len;
+  size_t text_len;         /* bytes in text */
   float logprob;           /* log-probability of `token` when logprobs were asked, else 0 */
   const xserv_top_logprob* top_logprobs; /* the request's `logprobs` best, most likely first */
-  size_t n_top_logprobs;
+  size_t n_top_logprobs;   /* entries in top_logprobs */
   xserv_finish_reason finish; /* NONE, or why this sample ended */
   xserv_status status;     /* XSERV_OK, or why the request failed (finish is then ERROR) */
   const char* error;       /* the failure's message, "" when status is OK */
@@ -383,7 +393,7 @@ typedef struct xserv_request {
   size_t struct_size;                  /* set by xserv_request_init */
   const char* prompt;                  /* raw UTF-8 text (special tokens not parsed), or NULL */
   const int32_t* prompt_tokens;        /* or token ids */
-  size_t n_prompt_tokens;
+  size_t n_prompt_tokens;              /* entries in prompt_tokens */
   const xserv_chat_message* messages;  /* or a conversation, rendered with the chat template */
   size_t n_messages;                   /* (add_generation_prompt on) */
   bool enable_thinking;                /* for messages: Qwen3's thinking block; default false */
@@ -391,7 +401,7 @@ typedef struct xserv_request {
   int32_t n;                           /* independent samples sharing the prompt; default 1 */
   int32_t logprobs;                    /* top log-probabilities per token, 0..20; default 0 */
   xserv_event_callback on_event;       /* NULL: events go to xserv_engine_poll */
-  void* user_data;
+  void* user_data;                     /* passed to on_event */
 } xserv_request;
 
 /* Zeroes *request, sets struct_size and the defaults (n = 1). Thread-safe. */
@@ -424,19 +434,20 @@ XSERV_API bool xserv_engine_has_work(const xserv_engine* engine);
  * none is queued (the call does not wait). Thread-safe. */
 XSERV_API xserv_status xserv_engine_poll(xserv_engine* engine, xserv_event* out_event, bool* got);
 
+/* A snapshot of an engine's state and counters (xserv_engine_get_stats). */
 typedef struct xserv_engine_stats {
   size_t struct_size;          /* set by the caller to sizeof(xserv_engine_stats) */
   int32_t running;             /* requests (samples) in the batch */
   int32_t waiting;             /* queued, not yet admitted (preempted ones included) */
-  int32_t kv_blocks_total;
-  int32_t kv_blocks_used;
-  int32_t block_size;
+  int32_t kv_blocks_total;     /* blocks in the KV-cache pool */
+  int32_t kv_blocks_used;      /* of which in use */
+  int32_t block_size;          /* tokens per block */
   uint64_t prefix_queries;     /* prompt blocks looked up in the prefix cache */
   uint64_t prefix_hits;        /* of which found */
   uint64_t preemptions;        /* requests preempted (recomputed later) */
-  uint64_t steps;
+  uint64_t steps;              /* engine steps taken */
   uint64_t prompt_tokens;      /* prompt tokens computed (cached ones not counted) */
-  uint64_t generated_tokens;
+  uint64_t generated_tokens;   /* tokens sampled, all samples together */
 } xserv_engine_stats;
 
 /* Fills *out (fields up to out->struct_size). Thread-safe. */

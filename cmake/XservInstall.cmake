@@ -1,16 +1,28 @@
 # `cmake --install`: the public headers (xserv.h and include/xserv/*.hpp), libxserv, the CMake
-# package (xservConfig.cmake + version file + exported target xserv::xserv) and xserv.pc.
-# Nothing from lib/ is installed: the internals are inside libxserv and hidden.
+# package (xservConfig.cmake + version file + exported target xserv::xserv), xserv.pc and the
+# tools (xserv-cli, xserv-server). Nothing from lib/ is installed: the internals are inside
+# libxserv and hidden.
+#
+# Every file belongs to one of three install components, which become the Debian packages
+# (cmake/XservPackaging.cmake): `runtime` (libxserv.so.0 alone), `dev` (the libxserv.so link,
+# headers, CMake package, xserv.pc; a static libxserv.a too) and `tools` (the programs).
 include(CMakePackageConfigHelpers)
 
 install(TARGETS xserv EXPORT xservTargets
-  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES ${PROJECT_SOURCE_DIR}/capi/xserv.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/capi/xserv.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        COMPONENT dev)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/xserv DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.hpp")
+        COMPONENT dev FILES_MATCHING PATTERN "*.hpp")
+# The programs (examples/cli; examples/server when that target exists).
+foreach(tool xserv-cli xserv-server)
+  if(TARGET ${tool})
+    install(TARGETS ${tool} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
+  endif()
+endforeach()
 
 # A shared libxserv carries its dependencies (DT_NEEDED); a static one leaves them to its
 # users, so xservConfig.cmake finds them again (see xservConfig.cmake.in) and xserv.pc lists
@@ -29,7 +41,8 @@ if(NOT XSERV_BUILD_SHARED)
   string(APPEND XSERV_PC_STATIC_LIBS " -lstdc++ -lm -pthread")
 endif()
 
-install(EXPORT xservTargets NAMESPACE xserv:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
+install(EXPORT xservTargets NAMESPACE xserv:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv
+        COMPONENT dev)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/xservConfig.cmake.in
   ${PROJECT_BINARY_DIR}/xservConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
 # 0.x: every minor version may change the ABI (the SONAME says which), so only the same
@@ -37,7 +50,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/xservConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/xservConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/xservConfig.cmake ${PROJECT_BINARY_DIR}/xservConfigVersion.cmake
-        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv)
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/xserv COMPONENT dev)
 
 # xserv.pc finds its prefix relative to itself (${pcfiledir}), so `cmake --install --prefix P`
 # and a moved install tree both work, whatever CMAKE_INSTALL_PREFIX was at configure time.
@@ -56,4 +69,7 @@ else()
   set(XSERV_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/xserv.pc.in ${PROJECT_BINARY_DIR}/xserv.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/xserv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+install(FILES ${PROJECT_BINARY_DIR}/xserv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
+        COMPONENT dev)
+
+include(XservPackaging)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs xserv's build dependencies from Debian packages when they are missing.
-# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [EXTRA_PACKAGE...]   (as root, or with sudo available)
+# Extra packages are for optional commands (e.g. scripts/bench-plots.sh: python3-matplotlib).
 set -euo pipefail
 pkgs=(cmake g++ make pkg-config libsimdjson-dev libfmt-dev catch2 libbenchmark-dev
       libpcre2-dev libutf8proc-dev libopenblas-dev python3
       # clang and its runtime libraries (libFuzzer, ASan/UBSan for clang): the fuzz stage
       # (scripts/fuzz.sh, tests/fuzz)
       clang libclang-rt-14-dev)
+pkgs+=(doxygen)  # the C API reference and its CI check (scripts/api-docs.sh, ctest capi_docs)
+pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -43,6 +43,10 @@ run_stage() {
 }
 
 run_stage release
+# The Debian packages built, installed with apt, used and removed (as root only, as in CI).
+pkg_log=$(mktemp)
+scripts/test-packages.sh | tee "$pkg_log"
+summary+=("packages: $(tail -1 "$pkg_log")")
 if [ "${1:-}" != "--no-sanitize" ]; then
   # The sanitizer builds skip CUDA: device code is not instrumented and the GPU is not here.
   run_stage asan

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "engine/generator.hpp"
@@ -31,6 +32,8 @@ constexpr const char* kUsage =
     "Interactive chat: type a message, the reply streams back. The history is kept (through\n"
     "the model's chat template; a model without one continues a plain transcript).\n"
     "Commands: /reset forgets the history, /quit (or end of input) leaves.\n"
+    "A line that is not valid UTF-8 (or too long for the context) is rejected with a message\n"
+    "and the conversation goes on without it; the exit code is then 1.\n"
     "\n"
     "options:\n"
     "  -m, --model DIR        model directory (config.json, *.safetensors, tokenizer)\n"
@@ -43,7 +46,7 @@ constexpr const char* kUsage =
     "  --seed S               fixed seed (default: a fresh one per reply)\n"
     "  --system TEXT          system prompt (chat-template models)\n"
     "  --think                let Qwen3 think before answering (default: enable_thinking=false)\n"
-    "  --device cpu|cuda      (default: cuda when available)\n"
+    "  --device auto|cpu|cuda (default auto: cuda when a GPU is usable, else cpu)\n"
     "  --threads N            CPU threads (default: all)\n";
 
 struct ChatOptions {
@@ -93,15 +96,10 @@ ChatOptions parse(const Args& args) {
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see --help)", a);
   }
   XSERV_CHECK(!o.model_dir.empty(), ErrorCode::invalid_argument, "-m DIR is required");
+  check_model_path(o.model_dir, ModelPath::directory);
+  require_utf8(o.system, "--system");
   o.sampling.validate();
   return o;
-}
-
-DeviceKind pick_device(const std::string& name) {
-  if (name.empty() || name == "auto") return cuda_available() ? DeviceKind::cuda : DeviceKind::cpu;
-  if (name == "cpu") return DeviceKind::cpu;
-  if (name == "cuda") return DeviceKind::cuda;
-  throw_error(ErrorCode::invalid_argument, "--device must be cpu, cuda or auto, not '{}'", name);
 }
 
 // Streams a reply's text to stdout as it becomes safe to show.
@@ -134,10 +132,19 @@ class Chat {
     if (tok_.has_chat_template() && !o_.system.empty()) history_.push_back({"system", o_.system});
   }
 
-  // One user turn: the reply is streamed to stdout and kept in the history.
+  // One user turn: the reply is streamed to stdout and kept in the history. A turn that fails
+  // leaves the history as it was.
   void turn(const std::string& user) {
-    if (tok_.has_chat_template()) turn_with_template(user);
-    else turn_plain(user);
+    const std::vector<Tokenizer::Message> history = history_;
+    const std::string transcript = transcript_;
+    try {
+      if (tok_.has_chat_template()) turn_with_template(user);
+      else turn_plain(user);
+    } catch (...) {
+      history_ = history;
+      transcript_ = transcript;
+      throw;
+    }
   }
 
  private:
@@ -233,12 +240,14 @@ int run_chat(const Args& args) {
   if (interactive) std::fprintf(stderr, "/reset forgets the history, /quit leaves\n");
 
   std::string line;
+  std::size_t line_number = 0, rejected = 0;
   while (true) {
     if (interactive) {
       std::fputs("> ", stdout);
       std::fflush(stdout);
     }
     if (!std::getline(std::cin, line)) break;
+    ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (line == "/quit" || line == "/exit") break;
@@ -247,14 +256,21 @@ int run_chat(const Args& args) {
       continue;
     }
     try {
+      require_utf8(line, fmt::format("line {}", line_number));
       chat.turn(line);
     } catch (const Error& e) {
-      // A bad turn (too long, invalid UTF-8) is reported; the conversation goes on.
+      // A bad turn (too long, invalid UTF-8) is reported and leaves no trace in the history;
+      // the conversation goes on, and the exit code says that a line was rejected.
       if (e.code() != ErrorCode::invalid_argument) throw;
-      std::fprintf(stderr, "xserv-cli chat: %s\n", e.what());
+      std::fprintf(stderr, "xserv-cli chat: %s; the line was ignored\n", e.what());
+      ++rejected;
     }
   }
   if (interactive) std::fputc('\n', stdout);
+  if (rejected > 0) {
+    std::fprintf(stderr, "xserv-cli chat: %zu line(s) rejected\n", rejected);
+    return 1;
+  }
   return 0;
 }
 

@@ -3,7 +3,7 @@
 //   xserv-cli generate -m DIR -p PROMPT [-n N] [--temperature T] [--top-k K] [--top-p P]
 //       [--min-p P] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
 //       [--seed S] [--stop STR]... [--ignore-eos] [--chat] [--no-thinking] [--ids]
-//       [--device cpu|cuda] [--threads N] [--dummy-weights] [--quiet]
+//       [--device auto|cpu|cuda] [--threads N] [--dummy-weights] [--quiet]
 //
 // Sampling defaults come from the model's generation_config.json when it has them (as
 // transformers does), else temperature 1 and no truncation; --temperature 0 is greedy. Only the
@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/mapped_file.hpp"
@@ -48,7 +49,7 @@ const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
   --chat                     wrap the prompt as a user message in the chat template
   --no-thinking              with --chat: Qwen3's enable_thinking=false (empty think block)
   --ids                      also print the generated ids as a JSON array on the last line
-  --device cpu|cuda          default: cuda when a GPU is usable, else cpu
+  --device auto|cpu|cuda     default auto: cuda when a GPU is usable, else cpu
   --threads N                CPU worker threads (default: all cores)
   --dummy-weights            random weights from config.json (speed checks without files)
   --quiet                    no summary on stderr
@@ -94,7 +95,10 @@ Options parse_options(const Args& args) {
     else if (a == "--presence-penalty") o.params.presence_penalty = parse_number<float>(a, value());
     else if (a == "--frequency-penalty") o.params.frequency_penalty = parse_number<float>(a, value());
     else if (a == "--seed") o.params.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--stop") o.params.stop_strings.push_back(value());
+    else if (a == "--stop") {
+      o.params.stop_strings.push_back(value());
+      require_utf8(o.params.stop_strings.back(), "--stop");
+    }
     else if (a == "--ignore-eos") o.params.ignore_eos = true;
     else if (a == "--chat") o.chat = true;
     else if (a == "--no-thinking") o.thinking = false;
@@ -106,8 +110,10 @@ Options parse_options(const Args& args) {
     else if (a == "-h" || a == "--help") o.help = true;
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli generate --help)", a);
   }
-  if (!o.help)
-    XSERV_CHECK(!o.model.empty(), ErrorCode::invalid_argument, "-m DIR (the model directory) is required");
+  if (o.help) return o;
+  XSERV_CHECK(!o.model.empty(), ErrorCode::invalid_argument, "-m DIR (the model directory) is required");
+  check_model_path(o.model, ModelPath::directory);
+  require_utf8(o.prompt, "the prompt (-p)");
   return o;
 }
 
@@ -133,13 +139,6 @@ void apply_generation_config(Options& o) {
   if (!o.rep_set)
     if (auto r = json::get_number(obj, "repetition_penalty", path))
       o.params.repetition_penalty = static_cast<float>(*r);
-}
-
-DeviceKind pick_device(const std::string& name) {
-  if (name.empty()) return cuda_available() ? DeviceKind::cuda : DeviceKind::cpu;
-  if (name == "cpu") return DeviceKind::cpu;
-  if (name == "cuda") return DeviceKind::cuda;
-  throw_error(ErrorCode::invalid_argument, "--device '{}' (expected cpu or cuda)", name);
 }
 
 }  // namespace

@@ -6,9 +6,10 @@
 //     is a JSON string and every output line the JSON array of its ids.
 //   xserv-cli detokenize -m PATH [--skip-special]
 //     every input line is a JSON array of ids; every output line the JSON string they decode to.
-// PATH is a model directory or a tokenizer.json. Bad input (invalid UTF-8, a line that is not
-// the expected JSON) stops with a message naming the line and exit code 1. Blank lines are
-// skipped.
+// PATH is a model directory or a tokenizer.json. In the line modes every line's result is
+// written (and flushed) as soon as the line is read, so they work as a pipe filter. Bad input
+// (invalid UTF-8, a line that is not the expected JSON) stops with a message naming the line and
+// exit code 1, after the results of the lines before it. Blank lines are skipped.
 #include <simdjson.h>
 
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <string>
 
+#include "checks.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -51,9 +53,11 @@ Options parse_options(const Args& args, const char* command) {
                   command);
     }
   }
-  if (!o.help && o.model.empty())
+  if (o.help) return o;
+  if (o.model.empty())
     throw_error(ErrorCode::invalid_argument,
                 "-m PATH (model directory or tokenizer.json) is required");
+  check_model_path(o.model, ModelPath::directory_or_tokenizer_file);
   return o;
 }
 
@@ -121,6 +125,7 @@ void for_each_line(F&& fn) {
 
 void flush(std::string& out) {
   std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
   out.clear();
 }
 
@@ -154,7 +159,7 @@ int run_tokenize(const Args& args) {
     } catch (const Error& e) {
       throw_error(e.code(), "line {}: {}", number, e.what());
     }
-    if (out.size() > (1 << 16)) flush(out);
+    flush(out);  // each line's result as soon as it is read (a later bad line stops the rest)
   });
   flush(out);
   return 0;
@@ -186,7 +191,7 @@ int run_detokenize(const Args& args) {
       ids.push_back(static_cast<std::int32_t>(id));
     }
     append_json_string(tok.decode(ids, o.skip_special), out);
-    if (out.size() > (1 << 16)) flush(out);
+    flush(out);  // each line's result as soon as it is read (a later bad line stops the rest)
   });
   flush(out);
   return 0;

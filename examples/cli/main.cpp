@@ -24,7 +24,7 @@ const Command kCommands[] = {
 };
 
 void usage(std::FILE* out) {
-  std::fprintf(out, "usage: xserv-cli <command> [options]\n\ncommands:\n");
+  std::fprintf(out, "usage: xserv-cli <command> [options]    (xserv-cli --version: the version)\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-12s %s\n", c.name, c.summary);
   std::fprintf(out, "\n'xserv-cli <command> --help' describes a command's options.\n");
 }
@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
+  if (name == "--version" || name == "-V") name = "version";
   Args args(argv + 2, argv + argc);
   for (const auto& c : kCommands) {
     if (name != c.name) continue;

@@ -1,0 +1,29 @@
+// Checks shared by the xserv-cli commands on what the user typed: the -m path, --device and
+// text options. Each throws xserv::Error(invalid_argument or not_found) with a message that
+// says what is wrong and what to do, before anything is loaded, so the user never sees a
+// lower layer's message about a file they did not name (or a raw CUDA driver error).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "backend/backend.hpp"
+
+namespace xserv::cli {
+
+// What -m accepts: generate and chat need a model directory; tokenize/detokenize also take a
+// tokenizer.json.
+enum class ModelPath { directory, directory_or_tokenizer_file };
+
+// Fails for a path that does not exist, a file where a directory is needed (e.g.
+// `-m DIR/config.json`) and a directory without config.json (or tokenizer files).
+void check_model_path(const std::string& path, ModelPath kind);
+
+// --device: "" or "auto" = CUDA when a GPU is usable, else the CPU; "cpu"; "cuda" (fails
+// clearly when this build has no CUDA backend or no GPU is usable).
+DeviceKind pick_device(const std::string& name);
+
+// Fails when `text` is not valid UTF-8, naming `what` (e.g. "--stop") and the byte offset.
+void require_utf8(std::string_view text, std::string_view what);
+
+}  // namespace xserv::cli
