@@ -254,6 +254,9 @@ class Server {
                    o_.model_name.c_str());
       wait_for_signal();
     }
+    // Handlers still waiting for events cancel their requests (they look at this flag at least
+    // once a second), so the HTTP pool's shutdown does not wait for long generations.
+    shutting_down_.store(true);
     http_.stop();
     listener.join();
     stop_engine();
@@ -530,8 +533,11 @@ class Server {
     int open = 0;  // choices not yet ended
     std::optional<ApiError> failure;
 
+    bool cancelled = false;
+
     void cancel_all() {
-      if (open == 0) return;
+      if (open == 0 || cancelled) return;
+      cancelled = true;
       for (xserv::RequestId id : ids) server->engine_->cancel(id);
     }
 
@@ -578,6 +584,7 @@ class Server {
       for (std::size_t i = 0; i < choices.size(); ++i)
         if (!send(sse_event(build_chunk(meta, static_cast<int>(i), "", {}, "", true, text_of)))) return false;
       while (open > 0) {
+        if (server->shutting_down_.load()) cancel_all();
         std::optional<Channel::Item> item = channel->next(std::chrono::seconds(1));
         if (!item) {
           // An SSE comment: keeps proxies from timing out and finds a vanished client.
@@ -605,6 +612,7 @@ class Server {
 
   void finish_blocking(Call& call, httplib::Response& res) {
     while (call.open > 0) {
+      if (shutting_down_.load()) call.cancel_all();
       std::optional<Channel::Item> item = call.channel->next(std::chrono::seconds(1));
       if (item) call.absorb(*item);
       if (call.failure) {
@@ -632,6 +640,7 @@ class Server {
   std::unique_ptr<xserv::Model> model_;
   std::unique_ptr<xserv::Engine> engine_;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> shutting_down_{false};
   std::atomic<unsigned> counter_{0};
   const std::int64_t started_ = unix_now();
 

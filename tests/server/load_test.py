@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""Load test of xserv-server: 64 concurrent streaming chat clients (the embedded Shakespeare
-model on the CPU), run twice. Every stream must complete with [DONE], its finish_reason and its
-usage; afterwards nothing is left running and the server's RSS is back near where it was after
-a warm-up round (growth bounded below), so finished requests leave nothing behind.
+"""Load test of xserv-server: rounds of 64 concurrent streaming chat clients (the embedded
+Shakespeare model on the CPU). Every stream must complete with [DONE], finish_reason "length"
+and its usage; after each round nothing is left running, and the server exits cleanly.
 
-Usage: load_test.py XSERV_SERVER_BINARY MODEL_DIR [CLIENTS]
+RSS: the baseline is taken after two warm-up rounds, because the first rounds legitimately touch
+memory for good (the KV pool's pages, HTTP worker thread stacks, malloc arenas of new threads:
+measured 38 MB at start, 88 MB after one round, 101 MB after two, then +1.2, +0.4, +0.15, +0.04 MB
+per round). After three more rounds RSS must be within RSS_SLACK_KIB of that baseline: state kept
+per request (events, text, channels, callbacks, KV blocks) would grow it every round. Under the
+sanitizer build (--no-rss) the RSS check is skipped (ASan's quarantine holds freed memory) and
+LeakSanitizer checks the server's exit instead.
+
+Usage: load_test.py XSERV_SERVER_BINARY MODEL_DIR [--no-rss]
 """
 import sys
 import threading
@@ -12,11 +19,10 @@ import time
 
 from xserv_server import Server, env_args
 
-CLIENTS = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+CLIENTS = 64
 MAX_TOKENS = 32
-# RSS may grow a little between rounds (allocator arenas, thread stacks touched once); a leak of
-# the requests' state (64 x 32 events, their text and KV blocks) would keep growing every round.
-RSS_SLACK_KIB = 24 * 1024
+RSS_SLACK_KIB = 8 * 1024
+CHECK_RSS = "--no-rss" not in sys.argv
 
 
 def client(s, i, results):
@@ -64,18 +70,22 @@ def main():
     binary, model = env_args()
     s = Server(binary, model, "--max-seqs", str(CLIENTS))
     try:
+        start = s.rss_kib()
+        times = []
+        for _ in range(2 if CHECK_RSS else 1):
+            times.append(round_(s))
+            idle(s)
         baseline = s.rss_kib()
-        warm = round_(s)
-        idle(s)
-        after_warm = s.rss_kib()
-        timed = round_(s)
-        h = idle(s)
+        for _ in range(3 if CHECK_RSS else 1):
+            times.append(round_(s))
+            h = idle(s)
         after = s.rss_kib()
-        print(f"load_test: {CLIENTS} streaming clients x {MAX_TOKENS} tokens: {warm:.1f} s, {timed:.1f} s "
-              f"({CLIENTS * MAX_TOKENS / timed:.0f} tok/s); RSS {baseline} KiB at start, "
-              f"{after_warm} KiB after round 1, {after} KiB after round 2; {h}")
-        if after - after_warm > RSS_SLACK_KIB:
-            print(f"FAIL: RSS grew by {after - after_warm} KiB between two identical rounds")
+        best = min(times)
+        print(f"load_test: {len(times)} rounds of {CLIENTS} streaming clients x {MAX_TOKENS} tokens, "
+              f"best {best:.1f} s ({CLIENTS * MAX_TOKENS / best:.0f} tok/s); RSS {start} KiB at start, "
+              f"{baseline} KiB after the warm-up, {after} KiB at the end; {h}")
+        if CHECK_RSS and after - baseline > RSS_SLACK_KIB:
+            print(f"FAIL: RSS grew by {after - baseline} KiB over three identical rounds after the warm-up")
             sys.exit(1)
         if s.stop() != 0:
             print("FAIL: unclean exit: " + "".join(s.log))
