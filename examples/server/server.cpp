@@ -174,6 +174,14 @@ std::int64_t unix_now() {
       .count();
 }
 
+// a == b in a time that does not depend on where they differ (the API key check).
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
 // The HTTP status and OpenAI error of an xserv failure.
 ApiError api_error(xserv_status status, const std::string& message) {
   switch (status) {
@@ -199,7 +207,6 @@ struct Channel {
   std::condition_variable cv;
   std::deque<Item> items;
 
-
   // The next event, or none after `timeout`.
   std::optional<Item> next(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex);
@@ -222,11 +229,6 @@ xserv::EventCallback feed(std::shared_ptr<Channel> channel, int first_choice) {
     channel->cv.notify_one();
   };
 }
-
-// One prompt, tokenized.
-struct PreparedPrompt {
-  std::vector<std::int32_t> tokens;
-};
 
 class Server {
  public:
@@ -320,6 +322,8 @@ class Server {
 
   xserv::RequestId submit(const xserv::Request& request) {
     const xserv::RequestId id = engine_->submit(request);
+    // Taking the loop's lock orders this wake-up after the loop's has_work() check or before its
+    // wait, so it is never lost.
     {
       std::lock_guard<std::mutex> lock(loop_mutex_);
     }
@@ -358,10 +362,8 @@ class Server {
       const std::string message = s == 404   ? "no such endpoint"
                                   : s == 413 ? "the request body is too large"
                                              : "bad request (status " + std::to_string(s) + ")";
-      send_error(res, ApiError(s, s == 413 ? "invalid_request_error"
-                                  : s >= 500 ? "server_error"
-                                             : "invalid_request_error",
-                               message, "", s == 404 ? "not_found" : ""));
+      send_error(res, ApiError(s, s >= 500 ? "server_error" : "invalid_request_error", message, "",
+                               s == 404 ? "not_found" : ""));
     });
     http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "internal error";
@@ -397,7 +399,7 @@ class Server {
   template <typename F>
   void guarded(const httplib::Request& req, httplib::Response& res, F&& body) {
     try {
-      if (!o_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + o_.api_key)
+      if (!o_.api_key.empty() && !same_secret(req.get_header_value("Authorization"), "Bearer " + o_.api_key))
         throw ApiError(401, "invalid_request_error",
                        req.has_header("Authorization") ? "incorrect API key provided"
                                                        : "missing API key (Authorization: Bearer KEY)",
@@ -413,8 +415,8 @@ class Server {
   }
 
   // The prompt ids of the request's prompts (one for chat). Throws ApiError.
-  std::vector<PreparedPrompt> prepare(const CompletionRequest& r) const {
-    std::vector<PreparedPrompt> out;
+  std::vector<std::vector<std::int32_t>> prepare(const CompletionRequest& r) const {
+    std::vector<std::vector<std::int32_t>> out;
     const std::string param = r.endpoint == Endpoint::chat ? "messages" : "prompt";
     auto add = [&](std::vector<std::int32_t> ids) {
       if (ids.empty()) throw invalid_request("the prompt is empty", param);
@@ -423,7 +425,7 @@ class Server {
                                   " tokens; this model's context is " +
                                   std::to_string(model_->n_ctx()) + " tokens",
                               param, "context_length_exceeded");
-      out.push_back({std::move(ids)});
+      out.push_back(std::move(ids));
     };
     if (r.endpoint == Endpoint::chat) {
       if (model_->has_chat_template()) {
@@ -480,7 +482,7 @@ class Server {
                      "the model '" + r->model + "' does not exist (this server has '" +
                          o_.model_name + "')",
                      "model", "model_not_found");
-    std::vector<PreparedPrompt> prompts = prepare(*r);
+    std::vector<std::vector<std::int32_t>> prompts = prepare(*r);
 
     auto call = std::make_shared<Call>();
     call->server = this;
@@ -492,7 +494,7 @@ class Server {
     call->open = static_cast<int>(call->choices.size());
     call->prompt_usage.resize(prompts.size());
     for (std::size_t p = 0; p < prompts.size(); ++p) {
-      xserv::Request q = engine_request(*r, std::move(prompts[p].tokens));
+      xserv::Request q = engine_request(*r, std::move(prompts[p]));
       q.on_event = feed(call->channel, static_cast<int>(p) * r->n);
       try {
         call->ids.push_back(submit(q));
