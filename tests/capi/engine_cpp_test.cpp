@@ -3,6 +3,8 @@
 // Model::generate (xserv_generate) with the same greedy options.
 #include <xserv/xserv.hpp>
 
+#include "cxx_check.hpp"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -13,30 +15,6 @@
 #include <vector>
 
 namespace {
-
-int g_checks = 0;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    ++g_checks;                                                                      \
-    if (!(cond)) {                                                                   \
-      ++g_failures;                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-    }                                                                                \
-  } while (0)
-
-template <typename F>
-xserv_status status_of(F&& f) {
-  try {
-    f();
-  } catch (const xserv::Error& e) {
-    return e.status();
-  }
-  return XSERV_OK;
-}
-
-const std::string kModel = XSERV_SOURCE_DIR "/examples/models/shakespeare";
 
 xserv::GenerateOptions greedy(int max_tokens) {
   xserv::GenerateOptions o;
@@ -243,6 +221,5 @@ int main() {
     std::fprintf(stderr, "unexpected exception: %s\n", e.what());
     return 1;
   }
-  std::printf("engine_cpp_test: %d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return report_checks("engine_cpp_test");
 }
