@@ -153,7 +153,10 @@ void test_n_cancel_and_errors(xserv::Model& model) {
   xserv::Request throws;
   throws.prompt = "ROMEO:";
   throws.options = greedy(2);
-  throws.on_event = [](const xserv::Event&) { throw std::runtime_error("from the callback"); };
+  bool thrown = false;
+  throws.on_event = [&thrown](const xserv::Event&) {
+    if (!std::exchange(thrown, true)) throw std::runtime_error("from the callback");
+  };
   engine.submit(throws);
   bool rethrown = false;
   try {
