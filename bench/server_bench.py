@@ -4,7 +4,7 @@ library clients, one thread each, all started together), each with a prompt of a
 and exactly G generated tokens (ignore_eos). Prints output tok/s over the wall time, and the time
 to first token (TTFT: request sent -> first chunk carrying generated text or a finish) p50/p99.
 
-Usage: server_bench.py URL MODEL_NAME [--clients 64] [--prompt-words 100] [--gen 128] [--rounds 2]
+Usage: server_bench.py URL MODEL_NAME [--clients 64] [--prompt-words 113] [--gen 128] [--rounds 2]
 The first round warms up (CUDA graphs, allocator); the best of the following rounds is reported.
 """
 import argparse
@@ -87,7 +87,7 @@ def main():
     ap.add_argument("url")
     ap.add_argument("model")
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--prompt-words", type=int, default=100)
+    ap.add_argument("--prompt-words", type=int, default=113)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()

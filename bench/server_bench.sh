@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # xserv-server's HTTP serving speed on the GPU machine: Qwen3-8B with random weights (real
 # shapes, real tokenizer and chat template), 64 concurrent streaming chat requests through HTTP
-# (bench/server_bench.py): output tok/s and TTFT p50/p99. Everything in one command, because the
-# GPU machine keeps nothing between calls.
+# (bench/server_bench.py): output tok/s and TTFT p50/p99, next to the engine's own benchmark
+# (bench/serve_bench, when this tree has it) on the same model and workload: 64 requests at once,
+# ~128-token prompts, 128 output tokens, greedy, eos ignored. Everything in one command, because
+# the GPU machine keeps nothing between calls.
 #
 # On the development machine first (the GPU machine reaches no package registry): fetch the
 # server's Debian packages beside xserv's own into .devdeps/:
@@ -23,11 +25,13 @@ source scripts/device-env.sh
 # multiarch folder).
 export CPATH=/opt/devdeps/usr/include:/opt/devdeps/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
 
+engine_bench=OFF targets=""
+if grep -q serve_bench bench/CMakeLists.txt; then engine_bench=ON targets=serve_bench; fi
 echo "== build"
 t0=$(date +%s)
 cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DXSERV_BUILD_TESTS=OFF -DXSERV_BUILD_BENCH=OFF -DXSERV_BUILD_EXAMPLES=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv-server >>"$OUT/build.txt" 2>&1 ||
+  -DXSERV_BUILD_TESTS=OFF -DXSERV_BUILD_BENCH=$engine_bench -DXSERV_BUILD_EXAMPLES=ON >"$OUT/build.txt" 2>&1 &&
+  cmake --build /tmp/b -j16 --target xserv-server $targets >>"$OUT/build.txt" 2>&1 ||
   { tail -40 "$OUT/build.txt"; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
 
@@ -55,4 +59,11 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
 echo "== $clients concurrent streaming chat requests, $gen tokens each"
 python3 bench/server_bench.py "http://127.0.0.1:$port" qwen3-8b --clients "$clients" --gen "$gen" \
-  --prompt-words 100 --rounds 2 | tee "$OUT/server_bench.txt"
+  --prompt-words 113 --rounds 2 | tee "$OUT/server_bench.txt"
+kill $server; wait $server 2>/dev/null
+
+if [ "$engine_bench" = ON ]; then
+  echo "== the engine alone (bench/serve_bench): $clients requests at once, 128-token prompts, $gen out"
+  /tmp/b/bench/serve_bench -m "$model" --device cuda --concurrency "$clients" --prompt-len 128 \
+    --gen-len "$gen" 2>&1 | tee "$OUT/serve_bench.txt"
+fi
