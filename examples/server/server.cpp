@@ -27,6 +27,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -76,11 +77,11 @@ constexpr const char* kUsage =
     "  --kv-cache-tokens N       KV-cache size in tokens (default: sized from memory)\n"
     "  --gpu-memory-fraction F   CUDA: share of free memory for the KV cache (default 0.9)\n"
     "  --no-prefix-cache         do not reuse the KV of shared prompt prefixes\n"
-    "  --max-queue N             requests waiting at most; more get 429 (default 1024, 0 = no\n"
+    "  --max-queue N             requests waiting at most; more get 429 (default 256, 0 = no\n"
     "                            limit)\n"
     "  --max-body-bytes N        request bodies larger than this get 413 (default 8388608)\n"
     "  --http-threads N          HTTP worker threads, one per open request (default:\n"
-    "                            max-seqs + 32)\n"
+    "                            max-seqs + max-queue + 16)\n"
     "  --no-chat-page            do not serve the chat page at /\n"
     "  -v, --verbose             log every request to stderr\n"
     "  -h, --help                this text\n";
@@ -116,7 +117,7 @@ long long integer_arg(const std::string& flag, const std::string& v, long long l
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  o.engine.max_waiting = 1024;
+  o.engine.max_waiting = 256;
   if (const char* key = std::getenv("XSERV_API_KEY")) o.api_key = key;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -164,7 +165,14 @@ Options parse_options(int argc, char** argv) {
     o.model_name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
   if (o.model_name.empty())  // "dir/" normalizes to an empty filename
     o.model_name = std::filesystem::path(o.model_dir).lexically_normal().parent_path().filename().string();
-  if (o.http_threads == 0) o.http_threads = o.engine.max_seqs + 32;
+  // Every running or queued request holds an HTTP thread while it waits for its events, so the
+  // pool covers both (and some for /health and quick errors); past it, new connections wait
+  // for a free thread. With no queue limit, the pool allows a queue as long as the batch.
+  if (o.http_threads == 0) {
+    const long long n = 16ll + o.engine.max_seqs +
+                        (o.engine.max_waiting > 0 ? o.engine.max_waiting : o.engine.max_seqs);
+    o.http_threads = static_cast<int>(std::min(n, 4096ll));
+  }
   return o;
 }
 
