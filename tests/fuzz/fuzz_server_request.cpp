@@ -1,13 +1,11 @@
 // libFuzzer target: xserv-server's request parsing (examples/server/openai.cpp) on arbitrary
-// bytes. The first byte picks the endpoint (1: completions, anything else: chat), the rest is the body. Every
-// input must either parse into a request whose fields are in range or raise ApiError with a 4xx
-// status and a JSON error body; anything else (a crash, another exception, a sanitizer report,
+// bytes. The first byte picks the endpoint (1: completions, anything else: chat), the rest is
+// the body. Every input must either parse into a request whose fields are in range or raise
+// ApiError with a 4xx status and a JSON error body; anything else (a crash, another exception, a sanitizer report,
 // an out-of-range field) is a bug. A parsed request is also rendered back through the response
 // builders, which must produce valid JSON.
 //
-// Build (clang): clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined
-//   -Iexamples/server tests/fuzz/server_request_fuzz.cpp examples/server/openai.cpp -o server_request_fuzz
-// Run: ./server_request_fuzz tests/fuzz/corpus/server_request
+// Built by the `fuzz` preset (tests/fuzz/CMakeLists.txt): scripts/fuzz.sh ci 20 server_request
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
