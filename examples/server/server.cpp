@@ -25,6 +25,7 @@
 // well-kept header + library; nlohmann::json (nlohmann-json3-dev) to read and write JSON
 // (simdjson, already a dependency of the library, only reads).
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -238,6 +239,14 @@ xserv::EventCallback feed(std::shared_ptr<Channel> channel, int first_choice) {
   };
 }
 
+// cpp-httplib's server with the listen backlog widened. Debian's library is compiled with a
+// backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG), so 64 clients connecting at once overflow the accept
+// queue and some are reset; Linux lets listen() on a listening socket change its backlog.
+class HttpServer : public httplib::Server {
+ public:
+  bool widen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
 class Server {
  public:
   explicit Server(Options options) : o_(std::move(options)) {}
@@ -255,6 +264,8 @@ class Server {
       std::fprintf(stderr, "xserv-server: cannot listen on %s:%d\n", o_.host.c_str(), o_.port);
       return 1;
     }
+    if (!http_.widen_backlog(std::max(o_.http_threads, SOMAXCONN)))
+      std::fprintf(stderr, "xserv-server: cannot widen the listen backlog: %s\n", std::strerror(errno));
     std::fprintf(stderr, "xserv-server: listening on http://%s:%d (loading %s)\n", o_.host.c_str(),
                  port, o_.model_dir.c_str());
     std::thread listener([this] { http_.listen_after_bind(); });
@@ -646,7 +657,7 @@ class Server {
   }
 
   Options o_;
-  httplib::Server http_;
+  HttpServer http_;
   std::unique_ptr<xserv::Model> model_;
   std::unique_ptr<xserv::Engine> engine_;
   std::atomic<bool> ready_{false};

@@ -301,6 +301,10 @@ def test_queue_full(binary, model):
             time.sleep(0.05)
         st, b = s.post("/v1/chat/completions", json.loads(body))
         error_of(st, b, 429, "queue full", code="queue_full")
+        # SIGTERM with one request running and one waiting: both are cancelled, a clean exit.
+        t0 = time.time()
+        check(s.stop() == 0, "clean exit with requests in flight", "".join(s.log[-30:]))
+        check(time.time() - t0 < 20, "shutdown does not wait for the generations")
         running.close()
         waiting.close()
     finally:
@@ -318,6 +322,7 @@ def test_error_after_headers(binary, model):
         else:  # the engine may refuse it at submission: a plain error response
             error_of(st, events, 400, "too large for the KV pool")
         check(s.post("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 2})[0] == 200, "serves after it")
+        check(s.stop() == 0, "clean exit", "".join(s.log[-30:]))
     finally:
         s.stop()
 
@@ -335,6 +340,8 @@ def main():
         test_prefix_cache(s)
         test_errors(s)
         test_disconnect(s)
+        # SIGTERM: a clean exit (status 0; under the sanitizer build also no leak report).
+        check(s.stop() == 0, "clean exit", "".join(s.log[-30:]))
     finally:
         s.stop()
     test_api_key(binary, model)
