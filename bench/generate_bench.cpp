@@ -1,5 +1,5 @@
 // generate_bench: prefill and decode speed of the whole generation path (Model::forward on a
-// backend, backend sampling, the Generator's host loop), printed as a table.
+// backend, backend sampling, the engine's host loop), printed as a table.
 //
 //   generate_bench (-m DIR | --dummy-weights --config FILE.json) [--device cpu|cuda]
 //                  [--batch B[,B...]] [--prompt-len P] [--gen-len G] [--threads N] [--repeat R]
@@ -20,7 +20,7 @@
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "models/model.hpp"
 
 using namespace xserv;
@@ -111,7 +111,12 @@ int main(int argc, char** argv) try {
   XSERV_CHECK(o.prompt_len + o.gen_len <= c.max_position_embeddings, ErrorCode::invalid_argument,
               "prompt + gen = {} exceeds the context of {}", o.prompt_len + o.gen_len,
               c.max_position_embeddings);
-  Generator gen(*model, nullptr);
+  // Room for the largest batch's whole runs; no prefix cache (the repeats reuse the prompts).
+  EngineOptions eo;
+  eo.max_seqs = max_batch;
+  eo.kv_cache_tokens = static_cast<std::int64_t>(max_batch) * (o.prompt_len + o.gen_len + eo.block_size);
+  eo.prefix_cache = false;
+  Engine engine(*model, nullptr, eo);
 
   std::printf("model: %s (%s, %d layers, hidden %d, vocab %d, %s weights%s, %.1f MB)\n",
               o.model.empty() ? o.config.c_str() : o.model.c_str(), c.model_type.c_str(),
@@ -135,11 +140,11 @@ int main(int argc, char** argv) try {
       r.params.ignore_eos = true;
       r.params.max_tokens = o.gen_len;
     }
-    gen.generate(reqs);  // warm-up: caches, KV pool, page faults
+    generate(engine, reqs);  // warm-up: caches, page faults, graph recordings
     double best_prefill = 0, best_decode = 0, best_step = 0;
     for (std::int32_t rep = 0; rep < o.repeat; ++rep) {
-      gen.generate(reqs);
-      const GenerationStats& s = gen.last_stats();
+      GenerationStats s;
+      generate(engine, reqs, {}, &s);
       const double prefill = static_cast<double>(s.prefill_tokens) / s.prefill_seconds;
       const double decode = static_cast<double>(s.decode_tokens) / s.decode_seconds;
       const auto decode_steps = static_cast<double>(s.decode_tokens) / b;

@@ -22,7 +22,8 @@
 #include "backend/backend.hpp"
 #include "core/error.hpp"
 #include "core/utf8.hpp"
-#include "engine/generator.hpp"
+#include "engine/engine.hpp"
+#include "engine/generate.hpp"
 #include "engine/sampling_params.hpp"
 #include "models/model.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -34,21 +35,26 @@ static_assert(XSERV_VERSION_MAJOR == XSERV_PROJECT_VERSION_MAJOR &&
               "capi/xserv.h and CMakeLists.txt disagree on the version");
 
 // The handle behind the opaque pointer. Members are declared in dependency order so that they
-// are destroyed in reverse: the generator (KV cache) before the model before the backend.
+// are destroyed in reverse: xserv_generate's engine (KV cache) before the model before the
+// backend. The tokenizer is immutable and thread-safe: tokenizer calls take no lock.
 struct xserv_model {
   std::unique_ptr<xserv::Backend> backend;
   std::unique_ptr<xserv::Model> model;
   std::unique_ptr<xserv::Tokenizer> tokenizer;
-  std::unique_ptr<xserv::Generator> generator;
+  std::unique_ptr<xserv::Engine> generate_engine;  // xserv_generate's, made at its first call
   std::string arch;
   std::string device;
   std::string desc;
-  // Serializes every call on one model (the generator's KV cache and the tokenizer's word cache
-  // are not safe to share). Recursive so a token callback may tokenize on the same model.
-  mutable std::recursive_mutex mutex;
-  // Set while xserv_generate runs: the generator is not reentrant, and a token callback that
-  // calls xserv_generate on the same model would get past the recursive lock.
+  // Serializes xserv_generate calls on one model (they share generate_engine). Recursive so that
+  // a reentrant call from a token callback is detected (`generating`) instead of deadlocking.
+  std::recursive_mutex mutex;
   bool generating = false;
+};
+
+// An engine handle: the C++ engine over a model the host keeps alive.
+struct xserv_engine {
+  xserv_model* model = nullptr;
+  std::unique_ptr<xserv::Engine> engine;
 };
 
 namespace {
@@ -199,8 +205,24 @@ xserv_finish_reason to_finish(xserv::FinishReason r) noexcept {
     case xserv::FinishReason::stop: return XSERV_FINISH_STOP;
     case xserv::FinishReason::length: return XSERV_FINISH_LENGTH;
     case xserv::FinishReason::cancelled: return XSERV_FINISH_CANCELLED;
+    case xserv::FinishReason::error: return XSERV_FINISH_ERROR;
   }
   return XSERV_FINISH_NONE;
+}
+
+// A params struct of the C ABI read under the growing-structs rule: the caller's fields up to
+// its struct_size over the defaults for the rest.
+template <typename T>
+T read_sized(const T* given, const T& defaults, const char* name) {
+  if (given == nullptr) return defaults;
+  const std::size_t n = given->struct_size;
+  if (n < sizeof(std::size_t))
+    throw_invalid(std::string(name) + "->struct_size is " + std::to_string(n) +
+                  " (start from the *_default_params() / *_init() function)");
+  T out = defaults;
+  std::memcpy(static_cast<void*>(&out), static_cast<const void*>(given), std::min(n, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
 }
 
 // The integer a C caller stored in an enum field. C allows any int there, but in C++ loading
@@ -267,6 +289,7 @@ void xserv_string_free(char* str) { std::free(str); }
 xserv_model_params xserv_model_default_params(void) {
   xserv_model_params p;
   std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
   p.device = XSERV_DEVICE_AUTO;
   p.device_index = 0;
   p.n_threads = 0;
@@ -284,7 +307,7 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
     require(out_model, "out_model");
     require(path, "path");
     if (*path == '\0') throw_invalid("path is empty");
-    const xserv_model_params p = params ? *params : xserv_model_default_params();
+    const xserv_model_params p = read_sized(params, xserv_model_default_params(), "params");
     if (p.n_threads < 0) throw_invalid("params->n_threads is negative");
     if (p.max_batch_tokens < 0) throw_invalid("params->max_batch_tokens is negative");
     if (p.device_index < 0) throw_invalid("params->device_index is negative");
@@ -324,7 +347,6 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
 
     m->tokenizer = std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(path));
     m->model->check_tokenizer(m->tokenizer->vocab_size(), path);
-    m->generator = std::make_unique<xserv::Generator>(*m->model, m->tokenizer.get());
     m->arch = std::string(xserv::arch_name(c.arch));
     m->device = std::string(xserv::device_name(m->backend->device().kind));
     m->desc = m->arch + ", " + std::to_string(c.num_layers) + " layers, " +
@@ -388,7 +410,6 @@ xserv_status xserv_tokenize(const xserv_model* model, const char* text, bool all
     require(n_tokens, "n_tokens");
     check_buffer(tokens, capacity, "tokens");
     const std::string_view view = checked_utf8(text, "text");
-    std::lock_guard lock(model->mutex);
     const std::vector<int32_t> ids = model->tokenizer->encode(view, allow_special);
     *n_tokens = ids.size();
     if (capacity < ids.size())
@@ -407,7 +428,6 @@ xserv_status xserv_detokenize(const xserv_model* model, const int32_t* tokens, s
     require(length, "length");
     check_buffer(tokens, n_tokens, "tokens");
     check_buffer(text, capacity, "text");
-    std::lock_guard lock(model->mutex);
     // The model's embedding may have padding rows past the tokenizer's ids; both are valid ids.
     const std::int64_t vocab =
         std::max<std::int64_t>(model->tokenizer->vocab_size(), model->model->config().vocab_size);
@@ -440,7 +460,6 @@ xserv_status xserv_apply_chat_template(const xserv_model* model,
       msg.content = checked_utf8(messages[i].content, (at + ".content").c_str());
       conversation.push_back(std::move(msg));
     }
-    std::lock_guard lock(model->mutex);
     if (!model->tokenizer->has_chat_template())
       throw_status(XSERV_ERR_UNSUPPORTED, "the model has no chat template");
     const std::string s = model->tokenizer->apply_chat_template(
@@ -452,6 +471,7 @@ xserv_status xserv_apply_chat_template(const xserv_model* model,
 xserv_generate_params xserv_generate_default_params(void) {
   xserv_generate_params p;
   std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
   p.max_tokens = 128;
   p.temperature = 1.0f;
   p.top_k = 0;
@@ -477,35 +497,258 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
     require(model, "model");
     const std::string_view view = checked_utf8(prompt, "prompt");
     if (view.empty()) throw_invalid("prompt is empty");
-    const xserv_generate_params p = params ? *params : xserv_generate_default_params();
-    const xserv::SamplingParams sampling = to_sampling(p);
+    const xserv_generate_params p = read_sized(params, xserv_generate_default_params(), "params");
+    xserv::EngineRequest request;
+    request.params = to_sampling(p);
+    request.prompt = model->tokenizer->encode(view);
 
     std::lock_guard lock(model->mutex);
     if (model->generating)
       throw_invalid("called from a token callback of the same model (not reentrant)");
-    const std::vector<int32_t> ids = model->tokenizer->encode(view);
-    xserv::TokenCallback callback;
-    if (on_token != nullptr) {
-      // The event text is a string_view into the generator's buffer; C wants it NUL-terminated.
-      std::string scratch;
-      callback = [on_token, user_data, scratch](const xserv::TokenEvent& e) mutable {
-        scratch.assign(e.text);
-        xserv_token_event event;
-        std::memset(&event, 0, sizeof event);
-        event.token = e.token;
-        event.text = scratch.c_str();
-        event.text_len = scratch.size();
-        event.finish = to_finish(e.finish);
-        return on_token(&event, user_data);
-      };
-    }
     struct Busy {  // clears the flag on every exit path
       bool& flag;
       explicit Busy(bool& f) : flag(f) { flag = true; }
       ~Busy() { flag = false; }
     } busy(model->generating);
-    const xserv::GenerationResult result = model->generator->generate(ids, sampling, callback);
+    if (!model->generate_engine)
+      model->generate_engine = std::make_unique<xserv::Engine>(
+          *model->model, model->tokenizer.get(), xserv::single_sequence_options(*model->model));
+    xserv::TokenCallback callback;
+    if (on_token != nullptr) {
+      callback = [on_token, user_data](const xserv::TokenEvent& e) {
+        // string_view -> NUL-terminated text for C.
+        const std::string text(e.text);
+        xserv_token_event event;
+        std::memset(&event, 0, sizeof event);
+        event.token = e.token;
+        event.text = text.c_str();
+        event.text_len = text.size();
+        event.finish = to_finish(e.finish);
+        return on_token(&event, user_data);
+      };
+    }
+    const xserv::GenerationResult result = xserv::generate(
+        *model->generate_engine, request.prompt, request.params, callback);
     if (out_text != nullptr) *out_text = c_string(result.text);
+  });
+}
+
+// ---- engine ---------------------------------------------------------------------------------
+
+namespace {
+
+xserv_engine_params engine_defaults() {
+  xserv_engine_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.max_seqs = 256;
+  p.max_batch_tokens = 0;
+  p.kv_cache_tokens = 0;
+  p.gpu_memory_fraction = 0.9f;
+  p.kv_cache_bytes = 0;
+  p.block_size = 16;
+  p.prefix_cache = true;
+  p.max_waiting = 0;
+  p.background_thread = false;
+  return p;
+}
+
+xserv_request request_defaults() {
+  xserv_request r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.n = 1;
+  return r;
+}
+
+void require_engine(const xserv_engine* engine) {
+  if (engine == nullptr || !engine->engine) throw_invalid("engine is NULL");
+}
+
+// An engine event as the C ABI shows it. Pointers go into `e` and `top`, which must outlive it.
+xserv_event to_c_event(const xserv::EngineEvent& e, std::vector<xserv_top_logprob>& top) {
+  top.clear();
+  for (const auto& t : e.top_logprobs) top.push_back({t.token, t.logprob});
+  xserv_event c;
+  std::memset(&c, 0, sizeof c);
+  c.type = e.type == xserv::EventType::token ? XSERV_EVENT_TOKEN : XSERV_EVENT_FINISHED;
+  c.request = e.request;
+  c.index = e.index;
+  c.token = e.token;
+  c.text = e.text.c_str();
+  c.text_len = e.text.size();
+  c.logprob = e.logprob;
+  c.top_logprobs = top.empty() ? nullptr : top.data();
+  c.n_top_logprobs = top.size();
+  c.finish = to_finish(e.finish);
+  c.status = to_status(e.status);
+  c.error = e.error.c_str();
+  c.prompt_tokens = e.prompt_tokens;
+  c.cached_tokens = e.cached_tokens;
+  c.completion_tokens = e.completion_tokens;
+  return c;
+}
+
+// What xserv_engine_poll handed out last on this thread: its pointers stay valid until the
+// same thread polls again.
+thread_local xserv::EngineEvent t_polled;
+thread_local std::vector<xserv_top_logprob> t_polled_top;
+
+std::vector<int32_t> request_prompt(const xserv_model& model, const xserv_request& r) {
+  const int given = (r.prompt != nullptr) + (r.n_prompt_tokens > 0 || r.prompt_tokens != nullptr) +
+                    (r.n_messages > 0 || r.messages != nullptr);
+  if (given != 1)
+    throw_invalid("give exactly one of request->prompt, prompt_tokens or messages (got " +
+                  std::to_string(given) + ")");
+  if (r.prompt != nullptr) {
+    const std::string_view view = checked_utf8(r.prompt, "request->prompt");
+    if (view.empty()) throw_invalid("request->prompt is empty");
+    return model.tokenizer->encode(view, /*allow_special=*/false);
+  }
+  if (r.prompt_tokens != nullptr || r.n_prompt_tokens > 0) {
+    require(r.prompt_tokens, "request->prompt_tokens");
+    if (r.n_prompt_tokens == 0) throw_invalid("request->n_prompt_tokens is 0");
+    return std::vector<int32_t>(r.prompt_tokens, r.prompt_tokens + r.n_prompt_tokens);
+  }
+  require(r.messages, "request->messages");
+  if (r.n_messages == 0) throw_invalid("request->n_messages is 0");
+  if (!model.tokenizer->has_chat_template())
+    throw_status(XSERV_ERR_UNSUPPORTED, "the model has no chat template");
+  std::vector<xserv::Tokenizer::Message> conversation;
+  for (std::size_t i = 0; i < r.n_messages; ++i) {
+    const std::string at = "request->messages[" + std::to_string(i) + "]";
+    xserv::Tokenizer::Message msg;
+    msg.role = checked_utf8(r.messages[i].role, (at + ".role").c_str());
+    msg.content = checked_utf8(r.messages[i].content, (at + ".content").c_str());
+    conversation.push_back(std::move(msg));
+  }
+  const std::string text =
+      model.tokenizer->apply_chat_template(conversation, true, r.enable_thinking);
+  return model.tokenizer->encode(text, /*allow_special=*/true);
+}
+
+}  // namespace
+
+xserv_engine_params xserv_engine_default_params(void) { return engine_defaults(); }
+
+void xserv_request_init(xserv_request* request) {
+  if (request != nullptr) *request = request_defaults();
+}
+
+xserv_status xserv_engine_create(xserv_model* model, const xserv_engine_params* params,
+                                 xserv_engine** out_engine) {
+  if (out_engine != nullptr) *out_engine = nullptr;
+  return guard("xserv_engine_create", [&] {
+    require(model, "model");
+    require(out_engine, "out_engine");
+    const xserv_engine_params p = read_sized(params, engine_defaults(), "params");
+    xserv::EngineOptions o;
+    o.max_seqs = p.max_seqs;
+    o.max_batch_tokens = p.max_batch_tokens;
+    o.kv_cache_tokens = p.kv_cache_tokens;
+    o.gpu_memory_fraction = p.gpu_memory_fraction;
+    o.kv_cache_bytes = p.kv_cache_bytes;
+    o.block_size = p.block_size;
+    o.prefix_cache = p.prefix_cache;
+    o.max_waiting = p.max_waiting;
+    o.background_thread = p.background_thread;
+    auto e = std::make_unique<xserv_engine>();
+    e->model = model;
+    e->engine = std::make_unique<xserv::Engine>(*model->model, model->tokenizer.get(), o);
+    *out_engine = e.release();
+  });
+}
+
+void xserv_engine_free(xserv_engine* engine) { delete engine; }
+
+xserv_status xserv_engine_submit(xserv_engine* engine, const xserv_request* request,
+                                 xserv_request_id* out_id) {
+  if (out_id != nullptr) *out_id = 0;
+  return guard("xserv_engine_submit", [&] {
+    require_engine(engine);
+    require(request, "request");
+    require(out_id, "out_id");
+    const xserv_request r = read_sized(request, request_defaults(), "request");
+    xserv::EngineRequest req;
+    const xserv_generate_params gp =
+        read_sized(r.params, xserv_generate_default_params(), "request->params");
+    req.params = to_sampling(gp);
+    req.prompt = request_prompt(*engine->model, r);
+    req.n = r.n;
+    req.logprobs = r.logprobs;
+    if (r.on_event != nullptr) {
+      req.on_event = [cb = r.on_event, ud = r.user_data](const xserv::EngineEvent& e) {
+        std::vector<xserv_top_logprob> top;
+        const xserv_event c = to_c_event(e, top);
+        cb(&c, ud);
+      };
+    }
+    *out_id = engine->engine->submit(std::move(req));
+  });
+}
+
+xserv_status xserv_engine_cancel(xserv_engine* engine, xserv_request_id id) {
+  return guard("xserv_engine_cancel", [&] {
+    require_engine(engine);
+    engine->engine->cancel(id);
+  });
+}
+
+xserv_status xserv_engine_step(xserv_engine* engine, size_t* n_events) {
+  if (n_events != nullptr) *n_events = 0;
+  return guard("xserv_engine_step", [&] {
+    require_engine(engine);
+    const std::size_t n = engine->engine->step();
+    if (n_events != nullptr) *n_events = n;
+  });
+}
+
+bool xserv_engine_has_work(const xserv_engine* engine) {
+  if (engine == nullptr || !engine->engine) {
+    fail(XSERV_ERR_INVALID_ARGUMENT, "xserv_engine_has_work", "engine is NULL");
+    return false;
+  }
+  return engine->engine->has_work();
+}
+
+xserv_status xserv_engine_poll(xserv_engine* engine, xserv_event* out_event, bool* got) {
+  if (got != nullptr) *got = false;
+  return guard("xserv_engine_poll", [&] {
+    require_engine(engine);
+    require(out_event, "out_event");
+    require(got, "got");
+    xserv::EngineEvent e;
+    if (!engine->engine->poll(e)) return;
+    t_polled = std::move(e);
+    *out_event = to_c_event(t_polled, t_polled_top);
+    *got = true;
+  });
+}
+
+xserv_status xserv_engine_get_stats(const xserv_engine* engine, xserv_engine_stats* out) {
+  return guard("xserv_engine_get_stats", [&] {
+    require_engine(engine);
+    require(out, "out");
+    const std::size_t n = out->struct_size;
+    if (n < sizeof(std::size_t))
+      throw_invalid("out->struct_size is " + std::to_string(n) +
+                    " (set it to sizeof(xserv_engine_stats))");
+    const xserv::EngineStats s = engine->engine->stats();
+    xserv_engine_stats c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = std::min(n, sizeof c);
+    c.running = s.running;
+    c.waiting = s.waiting;
+    c.kv_blocks_total = s.kv_blocks_total;
+    c.kv_blocks_used = s.kv_blocks_used;
+    c.block_size = s.block_size;
+    c.prefix_queries = s.prefix_queries;
+    c.prefix_hits = s.prefix_hits;
+    c.preemptions = s.preemptions;
+    c.steps = s.steps;
+    c.prompt_tokens = s.prompt_tokens;
+    c.generated_tokens = s.generated_tokens;
+    std::memcpy(static_cast<void*>(out), &c, std::min(n, sizeof c));
   });
 }
 

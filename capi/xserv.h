@@ -10,6 +10,11 @@
  *   matching xserv_*_free (which accepts NULL).
  * - Parameter structs are filled by xserv_*_default_params() and then edited by the caller, so
  *   fields added in later versions keep old source compiling. Always start from the defaults.
+ *   Growing structs: every params struct starts with `size_t struct_size`, which its
+ *   *_default_params() / *_init() function sets to the sizeof the caller was compiled with.
+ *   Later versions only append fields; the library reads the fields that fit in struct_size and
+ *   uses the defaults for the rest, so hosts compiled against an older header keep working. A
+ *   struct_size smaller than sizeof(size_t) is INVALID_ARGUMENT.
  * - No C++ exception, abort or C++ type crosses this boundary; every pointer is checked. A NULL
  *   where an object is required is XSERV_ERR_INVALID_ARGUMENT, never a crash.
  * - Text is UTF-8. Text going in must be valid UTF-8 (XSERV_ERR_INVALID_ARGUMENT otherwise).
@@ -124,6 +129,7 @@ typedef bool (*xserv_progress_callback)(float progress, void* user_data);
 
 /* How xserv_model_load loads a model. Start from xserv_model_default_params(). */
 typedef struct xserv_model_params {
+  size_t struct_size;      /* set by xserv_model_default_params (see "Growing structs") */
   xserv_device device;     /* default XSERV_DEVICE_AUTO */
   int32_t device_index;    /* which GPU for XSERV_DEVICE_CUDA; default 0 */
   int32_t n_threads;       /* CPU worker threads; 0 (default) = all hardware threads. At most
@@ -189,7 +195,8 @@ XSERV_API bool xserv_model_has_chat_template(const xserv_model* model);
  * Errors: INVALID_ARGUMENT (NULL model/text/n_tokens, NULL tokens with capacity > 0, invalid
  * UTF-8), BUFFER_TOO_SMALL (capacity < *n_tokens), RESOURCE_EXHAUSTED (the tokenizer's
  * pre-tokenizer pattern backtracked past its match budget on this text: a pathological
- * pattern in the model's tokenizer.json). Thread-safe (calls on one model are serialized). */
+ * pattern in the model's tokenizer.json). Thread-safe: never waits for a generation or an
+ * engine step (the tokenizer is immutable). */
 XSERV_API xserv_status xserv_tokenize(const xserv_model* model, const char* text,
                                       bool allow_special, int32_t* tokens, size_t capacity,
                                       size_t* n_tokens);
@@ -240,6 +247,7 @@ typedef enum xserv_finish_reason {
 /* Sampling and stopping for xserv_generate and engine requests. Start from
  * xserv_generate_default_params(). */
 typedef struct xserv_generate_params {
+  size_t struct_size;       /* set by xserv_generate_default_params (see "Growing structs") */
   int32_t max_tokens;       /* generated tokens at most; default 128 */
   float temperature;        /* 0 = greedy; default 1 */
   int32_t top_k;            /* 0 = off (default) */
@@ -264,7 +272,8 @@ XSERV_API xserv_generate_params xserv_generate_default_params(void);
 /* One generated token, as the token callback sees it. The pointer and `text` are valid during
  * the callback only. Fields may be added at the end in later versions. */
 typedef struct xserv_token_event {
-  int32_t token;              /* the generated id */
+  int32_t token;              /* the generated id; -1 on a final event without a token of its
+                                 own (max_tokens 0, a prompt that fills the context) */
   const char* text;           /* text that became safe to show with this token: only whole UTF-8
                                  characters, nothing that may start a stop string; may be empty */
   size_t text_len;            /* bytes in text (text is also NUL-terminated) */
@@ -283,10 +292,13 @@ typedef bool (*xserv_token_callback)(const xserv_token_event* event, void* user_
  * generated text (no stop string), allocated by the library: free it with xserv_string_free.
  * On failure *out_text is NULL. A callback that returns false makes the call return XSERV_OK
  * with the text generated so far.
+ * The callback's last event always has finish != NONE, even when nothing is generated.
+ * Runs on an engine of its own (one sequence, a KV pool of one context, created at the first
+ * call): the same loop as xserv_engine_step.
  * Errors: INVALID_ARGUMENT (NULL model or prompt, invalid UTF-8, an empty prompt, absurd
  * params naming the field, a prompt longer than the context), RESOURCE_EXHAUSTED, OUT_OF_MEMORY,
- * CUDA. Thread-safe: calls on one model are serialized (use one model per thread to generate
- * in parallel). */
+ * CUDA. Thread-safe: calls on one model are serialized (for requests in parallel, use an
+ * xserv_engine). */
 XSERV_API xserv_status xserv_generate(xserv_model* model, const char* prompt,
                                       const xserv_generate_params* params,
                                       xserv_token_callback on_token, void* user_data,

@@ -120,6 +120,8 @@ class CudaBackend final : public Backend {
   void upload(Tensor dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(Tensor dst) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
   void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -141,6 +143,8 @@ class CudaBackend final : public Backend {
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
+  void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
+                float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
   void run_graph(std::uint64_t key, const std::function<void()>& ops) override;
   bool records_graphs() const noexcept override { return true; }
 
@@ -183,6 +187,8 @@ class CudaBackend final : public Backend {
   Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
   PinnedBuffer sample_host_;
   Buffer sample_device_;
+  PinnedBuffer logprobs_host_;
+  Buffer logprobs_device_;
   Buffer token_counts_;
   Buffer sample_candidates_;  // launch_sample_topk's per-row candidate keys
 
@@ -231,6 +237,7 @@ CudaBackend::~CudaBackend() {
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
   sample_device_ = Buffer();
+  logprobs_device_ = Buffer();
   token_counts_ = Buffer();
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
@@ -333,6 +340,20 @@ void CudaBackend::download(void* host_dst, const Tensor& src) {
 
 void CudaBackend::fill_zero(Tensor dst) {
   if (dst.bytes() > 0) XSERV_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream_));
+}
+
+void CudaBackend::copy(Tensor dst, const Tensor& src) {
+  XSERV_CHECK(dst.bytes() == src.bytes(), ErrorCode::invalid_argument,
+              "copy: {} bytes into {} bytes", src.bytes(), dst.bytes());
+  if (dst.bytes() > 0 && dst.data != src.data)
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+MemoryInfo CudaBackend::memory_info() const {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  XSERV_CUDA_CHECK(cudaSetDevice(device_index_));
+  XSERV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return MemoryInfo{free_bytes, total_bytes};
 }
 
 DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
@@ -720,6 +741,47 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
                                    cudaMemcpyDeviceToHost, stream_));
   XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::memcpy(out_ids, h + prm_bytes, static_cast<std::size_t>(rows) * 4);
+}
+
+void CudaBackend::logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
+                           float* out_logprobs, std::int32_t* out_top_ids,
+                           float* out_top_logprobs) {
+  XSERV_CHECK(logits.dtype == DType::f32 && logits.shape.rank() == 2 && logits.shape[1] > 0,
+              ErrorCode::invalid_argument, "logprobs: logits {} ({}), expected [rows, vocab] f32",
+              logits.shape, dtype_name(logits.dtype));
+  XSERV_CHECK(top_n >= 0 && top_n <= max_top_logprobs, ErrorCode::invalid_argument,
+              "logprobs: top_n = {} (expected 0 ..= {})", top_n, max_top_logprobs);
+  const auto rows = static_cast<std::int32_t>(logits.shape[0]);
+  const std::int64_t vocab = logits.shape[1];
+  if (rows == 0) return;
+  for (std::int32_t r = 0; r < rows; ++r)
+    XSERV_CHECK(ids[r] >= 0 && ids[r] < vocab, ErrorCode::invalid_argument,
+                "logprobs: token {} is outside the vocabulary of {}", ids[r], vocab);
+  // One pinned block both ways: [ids | chosen | top ids | top logprobs].
+  const auto n = static_cast<std::size_t>(rows);
+  const std::size_t top = n * static_cast<std::size_t>(top_n);
+  const std::size_t ids_bytes = round_up(n * 4, 256), chosen_bytes = round_up(n * 4, 256);
+  const std::size_t top_bytes = round_up(top * 4, 256);
+  const std::size_t total = ids_bytes + chosen_bytes + 2 * top_bytes;
+  if (logprobs_host_.size() < total) logprobs_host_ = PinnedBuffer(round_up(total * 2, 1 << 16));
+  ensure_scratch(logprobs_device_, total);
+  char* h = logprobs_host_.data();
+  auto* d = static_cast<char*>(logprobs_device_.data());
+  std::memcpy(h, ids, n * 4);
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, n * 4, cudaMemcpyHostToDevice, stream_));
+  launch_logprobs(stream_, logits.as<float>(), rows, vocab,
+                  reinterpret_cast<const std::int32_t*>(d), top_n,
+                  reinterpret_cast<float*>(d + ids_bytes),
+                  reinterpret_cast<std::int32_t*>(d + ids_bytes + chosen_bytes),
+                  reinterpret_cast<float*>(d + ids_bytes + chosen_bytes + top_bytes));
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(h + ids_bytes, d + ids_bytes, total - ids_bytes,
+                                   cudaMemcpyDeviceToHost, stream_));
+  XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(out_logprobs, h + ids_bytes, n * 4);
+  if (top > 0) {
+    std::memcpy(out_top_ids, h + ids_bytes + chosen_bytes, top * 4);
+    std::memcpy(out_top_logprobs, h + ids_bytes + chosen_bytes + top_bytes, top * 4);
+  }
 }
 
 void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops) {

@@ -149,4 +149,10 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
                         void* candidates, std::int32_t* out_ids);
 
+// logprobs.cu: log_softmax of raw logits [R, V] at ids[r] (device) into out_chosen [R], and the
+// top_n most likely tokens (value desc, id asc) into out_top_ids / out_top_lp [R, top_n].
+void launch_logprobs(cudaStream_t stream, const float* logits, std::int32_t rows,
+                     std::int64_t vocab, const std::int32_t* ids, std::int32_t top_n,
+                     float* out_chosen, std::int32_t* out_top_ids, float* out_top_lp);
+
 }  // namespace xserv::cuda

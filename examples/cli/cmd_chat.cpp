@@ -18,7 +18,7 @@
 #include "checks.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "models/model.hpp"
 #include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -116,7 +116,7 @@ TokenCallback print_text() {
 class Chat {
  public:
   Chat(const ChatOptions& o, Model& model, const Tokenizer& tokenizer)
-      : o_(o), tok_(tokenizer), gen_(model, &tokenizer),
+      : o_(o), tok_(tokenizer), engine_(model, &tokenizer, single_sequence_options(model)),
         n_ctx_(model.config().max_position_embeddings) {
     sampling_ = o.sampling;
     // ChatML ends a turn with <|im_end|>; stop there even if generation_config.json does not
@@ -174,7 +174,7 @@ class Chat {
     }
     GenerationResult r;
     try {
-      r = gen_.generate(ids, sampling_, print_text());
+      r = generate(engine_, ids, sampling_, print_text());
     } catch (...) {
       history_.pop_back();  // the turn did not happen
       throw;
@@ -196,7 +196,7 @@ class Chat {
       ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(prompt_budget()));
       transcript_ = tok_.decode(ids);
     }
-    const GenerationResult r = gen_.generate(ids, sampling_, print_text());
+    const GenerationResult r = generate(engine_, ids, sampling_, print_text());
     std::fputc('\n', stdout);
     transcript_ += r.text;
     if (transcript_.empty() || transcript_.back() != '\n') transcript_ += '\n';
@@ -204,7 +204,7 @@ class Chat {
 
   const ChatOptions& o_;
   const Tokenizer& tok_;
-  Generator gen_;
+  Engine engine_;
   std::int32_t n_ctx_;
   SamplingParams sampling_;
   std::vector<Tokenizer::Message> history_;

@@ -21,7 +21,7 @@
 #include "commands.hpp"
 #include "core/error.hpp"
 #include "core/mapped_file.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "io/json.hpp"
 #include "models/model.hpp"
 #include "progress.hpp"
@@ -167,14 +167,15 @@ int run_generate(const Args& args) {
   std::vector<std::int32_t> prompt = tok.encode(prompt_text);
   if (prompt.empty() && model->config().bos_token_id) prompt.push_back(*model->config().bos_token_id);
 
-  Generator gen(*model, &tok);
-  GenerationResult r = gen.generate(prompt, o.params, [](const TokenEvent& e) {
+  Engine engine(*model, &tok, single_sequence_options(*model));
+  GenerationStats s;
+  GenerationResult r = generate(engine, prompt, o.params, [](const TokenEvent& e) {
     if (!e.text.empty()) {
       std::fwrite(e.text.data(), 1, e.text.size(), stdout);
       std::fflush(stdout);
     }
     return true;
-  });
+  }, &s);
   if (o.ids) {
     std::string line = r.text.empty() || r.text.back() == '\n' ? "[" : "\n[";
     for (std::size_t i = 0; i < r.tokens.size(); ++i) line += fmt::format("{}{}", i ? ", " : "", r.tokens[i]);
@@ -184,7 +185,6 @@ int run_generate(const Args& args) {
   }
   std::fflush(stdout);
   if (!o.quiet) {
-    const auto& s = gen.last_stats();
     auto rate = [](double n, double t) { return t > 0 ? n / t : 0.0; };
     std::fprintf(stderr,
                  "[%s on %s: %d prompt tokens (%.1f tok/s), %zu generated (%.1f tok/s), finish: %s]\n",

@@ -88,6 +88,15 @@ struct SamplingBatch {
 // seed gives the same stream on CPU and GPU.
 float sampling_uniform(std::uint64_t seed, std::uint64_t step) noexcept;
 
+// Device memory of a backend (CPU: the host's RAM).
+struct MemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+// The most top log-probabilities Backend::logprobs returns per row (OpenAI's limit).
+inline constexpr std::int32_t max_top_logprobs = 20;
+
 struct BackendOptions {
   std::size_t threads = 0;  // CPU: worker threads, 0 = all hardware threads
   int device_index = 0;     // CUDA: which GPU
@@ -110,6 +119,10 @@ class Backend {
   virtual void upload(Tensor dst, const void* host_src) = 0;      // dst.bytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;  // waits for pending work
   virtual void fill_zero(Tensor dst) = 0;
+  // dst = src (same bytes, both on this device). Enqueued like an op.
+  virtual void copy(Tensor dst, const Tensor& src) = 0;
+  // Memory free now and in total on this backend's device (CPU: available and physical RAM).
+  virtual MemoryInfo memory_info() const = 0;
   // Puts a ForwardBatch where the ops can read it; the returned views stay valid until the next
   // upload_batch call.
   virtual DeviceBatch upload_batch(const ForwardBatch& batch) = 0;
@@ -165,6 +178,15 @@ class Backend {
   // One token per logits row (logits [R, V] f32; modified in place by penalties/temperature).
   // Writes R ids to out_ids (host memory) and waits for them: the only host wait of a step.
   virtual void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) = 0;
+
+  // Log-probabilities under log_softmax of raw logits [R, V] f32 (read only; sample() changes
+  // logits in place, so pass them before sampling or a copy): per row r, the log-probability of
+  // ids[r] (host, R ids) into out_logprobs[r], and the row's top_n (0 ..= max_top_logprobs) most
+  // likely tokens, most likely first (ties: lower id first), into out_top_ids and
+  // out_top_logprobs [R * top_n]. Outputs are host memory; waits for them.
+  virtual void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
+                        float* out_logprobs, std::int32_t* out_top_ids,
+                        float* out_top_logprobs) = 0;
 
   // ---- graphs --------------------------------------------------------------------------
   // Runs `ops`: op calls whose launch shapes depend only on `key` (e.g. a decode step at one

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ class Model {
   std::int32_t max_batch_tokens() const noexcept { return max_batch_tokens_; }
   std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
   std::size_t weight_bytes() const noexcept { return weight_bytes_; }
+  // Held by whoever runs forward() and reads its logits: engines sharing a model share its
+  // workspace, so their steps take turns.
+  std::mutex& forward_mutex() const noexcept { return forward_mutex_; }
 
   // Throws Error(format) when a tokenizer of `tokenizer_vocab` ids (its largest id + 1) has ids
   // past the embedding's rows: those would reach the embedding gather out of bounds. Fewer ids
@@ -111,6 +115,7 @@ class Model {
     Shape shape;
   };
   std::vector<Planned> planned_;
+  mutable std::mutex forward_mutex_;
   Buffer workspace_;
   // Keep the weights alive: the mmap'd checkpoint (CPU views point into it) or dummy buffers.
   std::unique_ptr<Checkpoint> checkpoint_;

@@ -7,7 +7,7 @@
 
 #include "core/mapped_file.hpp"
 #include "cuda_test_util.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
@@ -53,8 +53,8 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
       CHECK(diff <= (f32 ? 1e-4f : 5e-2f) * scale);
     }
   }
-  Generator gen(*model, nullptr);
-  auto results = gen.generate(test::greedy_requests(cases));
+  Engine engine(*model, nullptr);
+  auto results = generate(engine, test::greedy_requests(cases));
   std::size_t same = 0, total = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     for (std::size_t i = 0; i < cases[ci].greedy_ids.size() && i < results[ci].tokens.size(); ++i, ++total) {

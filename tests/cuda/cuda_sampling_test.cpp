@@ -161,3 +161,37 @@ TEST_CASE("cuda sample: a seed gives the same stream, and draws follow the distr
   }
   for (std::size_t i = 0; i < 4; ++i) REQUIRE(std::abs(hist[i] / static_cast<double>(n) - probs[i]) < 0.03);
 }
+
+TEST_CASE("cuda logprobs match the CPU backend: chosen token and the top 20", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(13);
+  for (std::int64_t vocab : {7, 1000, 151936}) {
+    const std::int64_t rows = 5;
+    auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+    // A tie at the top of row 1: the lower id comes first on both backends.
+    logits[static_cast<std::size_t>(vocab) + 2] = 50.0f;
+    logits[static_cast<std::size_t>(vocab) + 4] = 50.0f;
+    std::vector<std::int32_t> ids;
+    for (std::int64_t r = 0; r < rows; ++r) ids.push_back(static_cast<std::int32_t>((r * 37) % vocab));
+    const std::int32_t top_n = 20;
+    const auto top = static_cast<std::size_t>(rows * top_n);
+    std::vector<float> want_lp(static_cast<std::size_t>(rows)), got_lp(want_lp.size(), 1.0f);
+    std::vector<std::int32_t> want_ids(top), got_ids(top, -7);
+    std::vector<float> want_top(top), got_top(top, 1.0f);
+    be.cpu.logprobs(host_view(logits, {rows, vocab}), ids.data(), top_n, want_lp.data(),
+                    want_ids.data(), want_top.data());
+    be.gpu->logprobs(be.gpu_tensor(logits, DType::f32, {rows, vocab}), ids.data(), top_n,
+                     got_lp.data(), got_ids.data(), got_top.data());
+    INFO("vocab " << vocab);
+    // Tolerance: lse in float vs double partial sums over up to 152k terms.
+    for (std::size_t r = 0; r < want_lp.size(); ++r) CHECK(got_lp[r] == Approx(want_lp[r]).margin(1e-4));
+    for (std::size_t i = 0; i < top; ++i) {
+      INFO("entry " << i);
+      CHECK(got_ids[i] == want_ids[i]);
+      if (want_ids[i] >= 0) CHECK(got_top[i] == Approx(want_top[i]).margin(1e-4));
+    }
+    CHECK(want_ids[static_cast<std::size_t>(top_n)] == 2);
+    CHECK(want_ids[static_cast<std::size_t>(top_n) + 1] == 4);
+  }
+}

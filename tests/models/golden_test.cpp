@@ -1,6 +1,6 @@
 // Parity with Hugging Face transformers on the committed fixtures (made by
 // tests/reference/make_model_fixtures.py, see each golden.json's "meta"): logits of one forward
-// over each prompt, and 32-token greedy continuations through the Generator.
+// over each prompt, and 32-token greedy continuations through the Engine.
 #include <catch2/catch.hpp>
 
 
@@ -11,7 +11,7 @@
 
 #include "backend/backend.hpp"
 #include "core/mapped_file.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
@@ -63,8 +63,8 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   }
 
   // Greedy continuations, all cases in one packed generate() call, eos ignored as HF's were.
-  Generator gen(*model, nullptr);
-  auto results = gen.generate(test::greedy_requests(cases));
+  Engine engine(*model, nullptr);
+  auto results = generate(engine, test::greedy_requests(cases));
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     INFO("greedy case " << ci);
     CHECK(results[ci].tokens == cases[ci].greedy_ids);

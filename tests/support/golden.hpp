@@ -13,7 +13,7 @@
 
 #include "backend/batch.hpp"
 #include "core/mapped_file.hpp"
-#include "engine/generator.hpp"
+#include "engine/generate.hpp"
 #include "io/json.hpp"
 #include "kv/block_allocator.hpp"
 

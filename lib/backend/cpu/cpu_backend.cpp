@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string_view>
 
+#include <unistd.h>
+
 #include "backend/cpu/tensor_checks.hpp"
 
 #ifdef XSERV_HAVE_BLAS
@@ -61,6 +63,23 @@ void CpuBackend::download(void* host_dst, const Tensor& src) {
 void CpuBackend::fill_zero(Tensor dst) {
   check_data("fill_zero", "dst", dst);
   if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
+}
+
+void CpuBackend::copy(Tensor dst, const Tensor& src) {
+  check_data("copy", "dst", dst);
+  check_data("copy", "src", src);
+  XSERV_CHECK(dst.bytes() == src.bytes(), ErrorCode::invalid_argument,
+              "copy: {} bytes into {} bytes", src.bytes(), dst.bytes());
+  if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+}
+
+MemoryInfo CpuBackend::memory_info() const {
+  const long page = sysconf(_SC_PAGESIZE);
+  const long avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+  MemoryInfo m;
+  if (page > 0 && avail > 0) m.free_bytes = static_cast<std::size_t>(avail) * static_cast<std::size_t>(page);
+  if (page > 0 && total > 0) m.total_bytes = static_cast<std::size_t>(total) * static_cast<std::size_t>(page);
+  return m;
 }
 
 DeviceBatch CpuBackend::upload_batch(const ForwardBatch& b) {

@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
   void upload(Tensor dst, const void* host_src) override;
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(Tensor dst) override;
+  void copy(Tensor dst, const Tensor& src) override;
+  MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
   void synchronize() override {}
 
@@ -53,6 +55,8 @@ class CpuBackend final : public Backend {
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
+  void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
+                float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
 
   std::size_t threads() const noexcept { return pool_.size(); }
   const KernelTable& kernel_table() const noexcept { return *kernels_; }
@@ -71,6 +75,10 @@ class CpuBackend final : public Backend {
 // One row of sampling (logits modified in place): penalties, temperature, top-k, top-p, min-p,
 // then the inverse-CDF draw with sampling_uniform(row.seed, row.step) over the kept tokens in
 // descending probability order (ties: lower id first). Throws on a history id outside the vocab.
+// The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
+// (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.
+float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,
+                   std::int32_t* top_ids, float* top_logprobs);
 std::int32_t sample_row(std::span<float> logits, const SamplingRow& row,
                         std::span<const std::int32_t> prompt_tokens,
                         std::span<const std::int32_t> output_tokens);

@@ -203,4 +203,53 @@ void CpuBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t
   });
 }
 
+float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,
+                   std::int32_t* top_ids, float* top_logprobs) {
+  const auto vocab = static_cast<std::int32_t>(logits.size());
+  XSERV_CHECK(id >= 0 && id < vocab, ErrorCode::invalid_argument,
+              "logprobs: token {} is outside the vocabulary of {}", id, vocab);
+  float max_l = -INFINITY;
+  for (float l : logits) max_l = std::max(max_l, l);
+  double total = 0.0;
+  for (float l : logits) total += std::exp(static_cast<double>(l) - max_l);
+  const float lse = max_l + static_cast<float>(std::log(total));
+  thread_local std::vector<Candidate> cand;
+  cand.clear();
+  for (std::int32_t i = 0; i < vocab; ++i) cand.push_back({logits[static_cast<std::size_t>(i)], i});
+  const auto n = static_cast<std::ptrdiff_t>(std::min(top_n, vocab));
+  std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), before);
+  for (std::ptrdiff_t k = 0; k < n; ++k) {
+    top_ids[k] = cand[static_cast<std::size_t>(k)].id;
+    top_logprobs[k] = cand[static_cast<std::size_t>(k)].p - lse;
+  }
+  for (std::ptrdiff_t k = n; k < top_n; ++k) {  // a vocabulary smaller than top_n
+    top_ids[k] = -1;
+    top_logprobs[k] = -INFINITY;
+  }
+  return logits[static_cast<std::size_t>(id)] - lse;
+}
+
+void CpuBackend::logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
+                          float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) {
+  constexpr const char* op = "logprobs";
+  check_dtype(op, "logits", logits, DType::f32);
+  XSERV_CHECK(logits.shape.rank() == 2 && logits.shape[1] > 0, ErrorCode::invalid_argument,
+              "logprobs: logits has shape {}, expected [rows, vocab]", logits.shape);
+  XSERV_CHECK(top_n >= 0 && top_n <= max_top_logprobs, ErrorCode::invalid_argument,
+              "logprobs: top_n = {} (expected 0 ..= {})", top_n, max_top_logprobs);
+  const std::int64_t rows = logits.shape[0], vocab = logits.shape[1];
+  XSERV_CHECK(rows == 0 || (ids && out_logprobs && (top_n == 0 || (out_top_ids && out_top_logprobs))),
+              ErrorCode::invalid_argument, "logprobs: a null pointer");
+  check_data(op, "logits", logits);
+  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) {
+      const std::size_t at = r * static_cast<std::size_t>(top_n);
+      out_logprobs[r] = logprobs_row(
+          std::span<const float>(logits.as<float>() + static_cast<std::int64_t>(r) * vocab,
+                                 static_cast<std::size_t>(vocab)),
+          ids[r], top_n, out_top_ids + at, out_top_logprobs + at);
+    }
+  });
+}
+
 }  // namespace xserv::cpu

@@ -1,0 +1,415 @@
+#include "engine/engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <random>
+
+#include "core/error.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+namespace xserv {
+
+std::string_view finish_reason_name(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
+  }
+  return "unknown";
+}
+
+// A submitted request: its samples and their output processors. Owned by the step thread once
+// taken from the inbox; never moves (sequences and processors point into it).
+struct Engine::Request {
+  RequestId id = 0;
+  EngineRequest req;
+  std::uint64_t base_seed = 0;
+  std::deque<Sequence> seqs;  // one per sample; a deque so that addresses stay put
+  std::vector<OutputProcessor> outputs;
+  std::int32_t live = 0;  // samples that have not ended
+};
+
+namespace {
+
+constexpr std::int32_t max_samples = 128;
+
+// Blocks of the KV pool, the null block included (see EngineOptions).
+std::int32_t pool_blocks(const Model& model, const EngineOptions& o) {
+  const std::size_t per_block = model.kv_spec().bytes_per_block(o.block_size);
+  std::int64_t blocks = 0;
+  if (o.kv_cache_tokens > 0) {
+    blocks = (o.kv_cache_tokens + o.block_size - 1) / o.block_size;
+  } else {
+    const MemoryInfo mem = model.backend().memory_info();
+    std::size_t bytes = 0;
+    if (model.backend().device().kind == DeviceKind::cuda) {
+      bytes = static_cast<std::size_t>(static_cast<double>(mem.free_bytes) * o.gpu_memory_fraction);
+    } else if (o.kv_cache_bytes > 0) {
+      bytes = o.kv_cache_bytes;
+    } else {
+      const std::size_t contexts =
+          static_cast<std::size_t>(o.max_seqs) *
+          static_cast<std::size_t>(model.config().max_position_embeddings + o.block_size) /
+          static_cast<std::size_t>(o.block_size) * per_block;
+      bytes = mem.total_bytes > 0 ? std::min(contexts, mem.total_bytes / 4) : contexts;
+    }
+    blocks = static_cast<std::int64_t>(bytes / per_block);
+  }
+  XSERV_CHECK(blocks >= 1, ErrorCode::out_of_memory,
+              "engine: the KV budget holds no block of {} bytes ({} tokens)", per_block,
+              o.block_size);
+  XSERV_CHECK(blocks < std::numeric_limits<std::int32_t>::max(), ErrorCode::invalid_argument,
+              "engine: a KV pool of {} blocks is too large", blocks);
+  return static_cast<std::int32_t>(blocks + 1);
+}
+
+void validate(const EngineOptions& o) {
+  XSERV_CHECK(o.max_seqs > 0, ErrorCode::invalid_argument, "engine: max_seqs = {} (expected > 0)",
+              o.max_seqs);
+  XSERV_CHECK(o.max_batch_tokens >= 0, ErrorCode::invalid_argument,
+              "engine: max_batch_tokens = {} (expected >= 0)", o.max_batch_tokens);
+  XSERV_CHECK(o.kv_cache_tokens >= 0, ErrorCode::invalid_argument,
+              "engine: kv_cache_tokens = {} (expected >= 0)", o.kv_cache_tokens);
+  XSERV_CHECK(std::isfinite(o.gpu_memory_fraction) && o.gpu_memory_fraction > 0.0f &&
+                  o.gpu_memory_fraction <= 1.0f,
+              ErrorCode::invalid_argument,
+              "engine: gpu_memory_fraction = {} (expected 0 < f <= 1)", o.gpu_memory_fraction);
+  XSERV_CHECK(o.block_size > 0 && o.block_size <= 1024, ErrorCode::invalid_argument,
+              "engine: block_size = {} (expected 1 ..= 1024)", o.block_size);
+  XSERV_CHECK(o.max_waiting >= 0, ErrorCode::invalid_argument,
+              "engine: max_waiting = {} (expected >= 0)", o.max_waiting);
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& options)
+    : model_(model), tokenizer_(tokenizer), options_(options) {
+  validate(options_);
+  eos_ids_ = load_eos_token_ids(model.dir(), model.config());
+  // A step samples one row per running sequence: the batch is capped at the model's logits rows.
+  options_.max_seqs = std::min(options_.max_seqs, model.max_logit_rows());
+  if (options_.max_batch_tokens == 0 || options_.max_batch_tokens > model.max_batch_tokens())
+    options_.max_batch_tokens = model.max_batch_tokens();
+  const std::int32_t blocks = pool_blocks(model, options_);
+  cache_ = std::make_unique<kv::KvCache>(
+      model.backend(), model.kv_spec(), kv::KvCacheOptions{options_.block_size, blocks, 0});
+  pool_ = std::make_unique<kv::BlockPool>(blocks, options_.block_size, options_.prefix_cache);
+  scheduler_ = std::make_unique<Scheduler>(
+      *pool_, SchedulerConfig{options_.max_seqs, options_.max_batch_tokens});
+  runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
+  publish_stats();
+  if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });
+}
+
+Engine::~Engine() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(inbox_mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+}
+
+std::int32_t Engine::kv_cache_tokens() const noexcept {
+  return (pool_->num_blocks() - 1) * pool_->block_size();
+}
+
+RequestId Engine::submit(EngineRequest request) {
+  const ModelConfig& cfg = model_.config();
+  const auto n = static_cast<std::int64_t>(request.prompt.size());
+  XSERV_CHECK(n > 0, ErrorCode::invalid_argument, "submit: the prompt is empty");
+  XSERV_CHECK(n <= cfg.max_position_embeddings, ErrorCode::invalid_argument,
+              "submit: the prompt has {} tokens, more than the model's context of {} "
+              "(max_position_embeddings)",
+              n, cfg.max_position_embeddings);
+  for (auto id : request.prompt)
+    XSERV_CHECK(id >= 0 && id < cfg.vocab_size, ErrorCode::invalid_argument,
+                "submit: prompt token {} is outside the vocabulary of {}", id, cfg.vocab_size);
+  request.params.validate();
+  XSERV_CHECK(request.n >= 1 && request.n <= max_samples, ErrorCode::invalid_argument,
+              "submit: n = {} (expected 1 ..= {})", request.n, max_samples);
+  XSERV_CHECK(request.logprobs >= 0 && request.logprobs <= max_top_logprobs,
+              ErrorCode::invalid_argument, "submit: logprobs = {} (expected 0 ..= {})",
+              request.logprobs, max_top_logprobs);
+  XSERV_CHECK(request.params.stop_strings.empty() || tokenizer_, ErrorCode::invalid_argument,
+              "submit: stop strings need a tokenizer");
+
+  auto r = std::make_unique<Request>();
+  r->req = std::move(request);
+  r->base_seed = r->req.params.seed ? *r->req.params.seed
+                                    : (std::uint64_t{std::random_device{}()} << 32) ^
+                                          std::uint64_t{std::random_device{}()};
+  RequestId id = 0;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    if (options_.max_waiting > 0) {
+      std::int64_t waiting = static_cast<std::int64_t>(inbox_.size());
+      {
+        std::lock_guard s(stats_mutex_);
+        waiting += stats_.waiting;
+      }
+      XSERV_CHECK(waiting < options_.max_waiting, ErrorCode::resource_exhausted,
+                  "submit: {} requests are already waiting (max_waiting)", waiting);
+    }
+    id = next_id_.fetch_add(1);
+    r->id = id;
+    inbox_.push_back(std::move(r));
+    live_requests_.fetch_add(1);
+  }
+  wake_.notify_one();
+  return id;
+}
+
+void Engine::cancel(RequestId id) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    cancels_.push_back(id);
+  }
+  wake_.notify_one();
+}
+
+bool Engine::has_work() const noexcept { return live_requests_.load() > 0; }
+
+bool Engine::poll(EngineEvent& out) {
+  std::lock_guard lock(events_mutex_);
+  if (queued_events_.empty()) return false;
+  out = std::move(queued_events_.front());
+  queued_events_.pop_front();
+  return true;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+void Engine::publish_stats() {
+  EngineStats s;
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.kv_blocks_total = pool_->num_blocks() - 1;
+  s.kv_blocks_used = pool_->num_used();
+  s.block_size = pool_->block_size();
+  s.prefix_queries = pool_->queries();
+  s.prefix_hits = pool_->hits();
+  s.preemptions = scheduler_->preemptions();
+  s.steps = steps_;
+  s.prompt_tokens = prompt_tokens_;
+  s.generated_tokens = generated_tokens_;
+  std::lock_guard lock(stats_mutex_);
+  stats_ = s;
+}
+
+void Engine::admit_request(std::unique_ptr<Request> owned, std::vector<EngineEvent>& events,
+                           std::vector<EventCallback*>& sinks) {
+  Request& r = *owned;
+  requests_.emplace(r.id, std::move(owned));
+  const auto prompt_len = static_cast<std::int32_t>(r.req.prompt.size());
+  const std::int32_t max_len = static_cast<std::int32_t>(std::min<std::int64_t>(
+      std::int64_t{prompt_len} + r.req.params.max_tokens, model_.config().max_position_embeddings));
+  const std::uint64_t arrival = arrivals_++;
+  r.outputs.reserve(static_cast<std::size_t>(r.req.n));
+  for (std::int32_t i = 0; i < r.req.n; ++i) {
+    Sequence& s = r.seqs.emplace_back();
+    s.request = r.id;
+    s.index = i;
+    s.arrival = arrival;
+    s.tokens = r.req.prompt;
+    s.prompt_len = prompt_len;
+    s.max_len = max_len;
+    s.params = &r.req.params;
+    s.seed = r.base_seed + static_cast<std::uint64_t>(i);
+    s.logprobs = r.req.logprobs;
+    if (i > 0) s.leader = &r.seqs.front();
+    r.outputs.emplace_back(tokenizer_, r.req.params, eos_ids_);
+    ++r.live;
+  }
+  for (Sequence& s : r.seqs) {
+    if (max_len <= prompt_len) {  // nothing to generate: max_tokens 0 or a full context
+      EngineEvent e;
+      e.type = EventType::finished;
+      e.finish = FinishReason::length;
+      end_sample(r, s, std::move(e), events, sinks);
+    } else {
+      scheduler_->add(&s);
+    }
+  }
+}
+
+void Engine::end_sample(Request& r, Sequence& s, EngineEvent e, std::vector<EngineEvent>& events,
+                        std::vector<EventCallback*>& sinks) {
+  if (s.status != SeqStatus::finished) scheduler_->remove(&s);
+  s.status = SeqStatus::finished;
+  e.request = r.id;
+  e.index = s.index;
+  e.prompt_tokens = s.prompt_len;
+  e.cached_tokens = s.cached_tokens;
+  e.completion_tokens = std::max(0, s.generated());
+  events.push_back(std::move(e));
+  sinks.push_back(r.req.on_event ? &r.req.on_event : nullptr);
+  if (--r.live == 0) {
+    // Kept alive until its events (and callback) are delivered at the end of the step.
+    auto it = requests_.find(r.id);
+    retired_.push_back(std::move(it->second));
+    requests_.erase(it);
+  }
+}
+
+void Engine::take_inbox(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks) {
+  std::deque<std::unique_ptr<Request>> incoming;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    incoming.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : incoming) admit_request(std::move(r), events, sinks);
+  for (RequestId id : cancels) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // unknown or already ended
+    Request& r = *it->second;
+    for (Sequence& s : r.seqs) {
+      if (s.status == SeqStatus::finished) continue;
+      EngineEvent e;
+      e.type = EventType::finished;
+      e.finish = FinishReason::cancelled;
+      end_sample(r, s, std::move(e), events, sinks);  // may retire r: touch nothing after
+      if (requests_.find(id) == requests_.end()) break;
+    }
+  }
+}
+
+void Engine::fail_running(ErrorCode code, const std::string& message,
+                          std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks) {
+  std::vector<Sequence*> victims;
+  for (auto& [id, r] : requests_)
+    for (Sequence& s : r->seqs)
+      if (s.status == SeqStatus::running) victims.push_back(&s);
+  for (Sequence* s : victims) {
+    EngineEvent e;
+    e.type = EventType::finished;
+    e.finish = FinishReason::error;
+    e.status = code;
+    e.error = message;
+    end_sample(*requests_.at(s->request), *s, std::move(e), events, sinks);
+  }
+}
+
+std::size_t Engine::deliver(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks) {
+  std::exception_ptr error;
+  std::vector<EngineEvent> queued;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (sinks[i] == nullptr) {
+      queued.push_back(std::move(events[i]));
+      continue;
+    }
+    try {
+      (*sinks[i])(events[i]);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (!queued.empty()) {
+    std::lock_guard lock(events_mutex_);
+    for (auto& e : queued) queued_events_.push_back(std::move(e));
+  }
+  // Requests end for has_work() only once their last event is out.
+  live_requests_.fetch_sub(static_cast<std::int64_t>(retired_.size()));
+  retired_.clear();
+  publish_stats();
+  if (error) std::rethrow_exception(error);
+  return events.size();
+}
+
+std::size_t Engine::step() {
+  XSERV_CHECK(!options_.background_thread, ErrorCode::invalid_argument,
+              "step: the engine steps on its own thread (background_thread)");
+  return step_locked();
+}
+
+std::size_t Engine::step_locked() {
+  std::lock_guard step_lock(step_mutex_);  // a second stepping thread waits instead of racing
+  std::vector<EngineEvent> events;
+  std::vector<EventCallback*> sinks;
+  take_inbox(events, sinks);
+
+  SchedulerOutput out = scheduler_->schedule();
+  for (Sequence* s : out.failed) {
+    EngineEvent e;
+    e.type = EventType::finished;
+    e.finish = FinishReason::error;
+    e.status = ErrorCode::resource_exhausted;
+    e.error = s->error;
+    end_sample(*requests_.at(s->request), *s, std::move(e), events, sinks);
+  }
+  if (out.empty()) return deliver(events, sinks);
+
+  std::vector<SampledToken> sampled;
+  try {
+    sampled = runner_->execute(out);
+  } catch (const Error& e) {
+    fail_running(e.code(), e.what(), events, sinks);
+    deliver(events, sinks);
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail_running(ErrorCode::out_of_memory, "out of host memory", events, sinks);
+    deliver(events, sinks);
+    throw;
+  } catch (const std::exception& e) {
+    fail_running(ErrorCode::internal, e.what(), events, sinks);
+    deliver(events, sinks);
+    throw;
+  }
+  scheduler_->update(out);
+  ++steps_;
+  prompt_tokens_ += static_cast<std::uint64_t>(out.num_prompt_tokens);
+
+  std::size_t row = 0;
+  for (const ScheduledChunk& c : out.chunks) {
+    if (!c.sample) continue;
+    SampledToken& t = sampled[row++];
+    Sequence& s = *c.seq;
+    Request& r = *requests_.at(s.request);
+    const OutputProcessor::Step st = r.outputs[static_cast<std::size_t>(s.index)].append(s, t.token);
+    ++generated_tokens_;
+    EngineEvent e;
+    e.type = EventType::token;
+    e.token = t.token;
+    e.text = st.text;
+    e.logprob = t.logprob;
+    e.top_logprobs = std::move(t.top);
+    if (st.finish != FinishReason::none) {
+      e.finish = st.finish;
+      end_sample(r, s, std::move(e), events, sinks);
+    } else {
+      e.request = r.id;
+      e.index = s.index;
+      events.push_back(std::move(e));
+      sinks.push_back(r.req.on_event ? &r.req.on_event : nullptr);
+    }
+  }
+  return deliver(events, sinks);
+}
+
+void Engine::background_loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(inbox_mutex_);
+      wake_.wait(lock, [&] { return stopping_ || live_requests_.load() > 0; });
+      if (stopping_) return;
+    }
+    try {
+      step_locked();
+    } catch (...) {
+      // The failing requests got error events; the engine goes on with the others.
+    }
+  }
+}
+
+}  // namespace xserv

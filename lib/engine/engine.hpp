@@ -1,0 +1,160 @@
+// Engine: continuous batching over one model, driven by the host.
+//
+// One step, as data (docs/engine.md):
+//   inbox (new requests, cancellations) -> Scheduler::schedule() -> SchedulerOutput
+//   -> ModelRunner::execute() (one batched forward, sampling on the backend)
+//   -> Scheduler::update() -> OutputProcessor per sampled sequence -> events.
+// The KV pool (kv::KvCache storage + kv::BlockPool ids) is sized once, here.
+//
+// Thread-safety:
+// - submit(), cancel(), poll(), has_work() and stats() may be called from any thread at any
+//   time, callbacks included: they touch only the inbox, the event queue and counters, each
+//   under its own mutex (never held while a callback runs or a forward computes).
+// - step() from one thread at a time (the engine thread itself in background mode). Scheduler,
+//   block pool, runner and sequences belong to that thread alone.
+// - The destructor must not run concurrently with anything else on the engine.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model_runner.hpp"
+#include "engine/output_processor.hpp"
+#include "engine/request.hpp"
+#include "engine/scheduler.hpp"
+#include "kv/block_pool.hpp"
+#include "kv/kv_cache.hpp"
+#include "models/model.hpp"
+
+namespace xserv {
+
+class Tokenizer;
+
+struct EngineOptions {
+  std::int32_t max_seqs = 256;          // sequences in the batch at most (capped at the model's
+                                        // logits rows)
+  std::int32_t max_batch_tokens = 0;    // tokens per step; 0 (or more than the model's): the model's
+  // KV pool, taken once: kv_cache_tokens > 0 sets it in tokens; else CUDA takes
+  // gpu_memory_fraction of the free device memory, and the CPU kv_cache_bytes (0: max_seqs full
+  // contexts, at most a quarter of the RAM).
+  std::int64_t kv_cache_tokens = 0;
+  float gpu_memory_fraction = 0.9f;
+  std::uint64_t kv_cache_bytes = 0;
+  std::int32_t block_size = 16;
+  bool prefix_cache = true;
+  std::int32_t max_waiting = 0;  // submit() fails with resource_exhausted past it; 0: no limit
+  bool background_thread = false;
+  // Pad decode steps to a few batch sizes for graph replay; unset: when the backend records.
+  std::optional<bool> pad_decode_batches;
+};
+
+struct EngineStats {
+  std::int32_t running = 0;  // sequences (samples) in the batch
+  std::int32_t waiting = 0;  // queued, not admitted (preempted ones and the inbox included)
+  std::int32_t kv_blocks_total = 0;  // usable blocks (the null block not counted)
+  std::int32_t kv_blocks_used = 0;
+  std::int32_t block_size = 0;
+  std::uint64_t prefix_queries = 0;
+  std::uint64_t prefix_hits = 0;
+  std::uint64_t preemptions = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t prompt_tokens = 0;     // prompt positions computed (cache hits not counted)
+  std::uint64_t generated_tokens = 0;
+  double prefix_hit_rate() const noexcept {
+    return prefix_queries ? static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries) : 0.0;
+  }
+};
+
+class Engine {
+ public:
+  // The model (and the tokenizer, which may be null: ids only, no stop strings, no text) must
+  // outlive the engine. Throws Error(invalid_argument) for bad options, Error(out_of_memory)
+  // when the KV pool does not fit.
+  Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request and returns its id (never 0). Throws Error(invalid_argument) for an empty
+  // prompt, an id outside the vocabulary, a prompt longer than the context, bad params, n or
+  // logprobs out of range, stop strings without a tokenizer; Error(resource_exhausted) when
+  // max_waiting requests already wait. Any thread.
+  RequestId submit(EngineRequest request);
+  // Ends a request at the next step (its samples end with finish cancelled). Unknown or finished
+  // ids are ignored. Any thread.
+  void cancel(RequestId id);
+
+  // One schedule, one forward, the outputs; returns the number of events it produced. Does
+  // nothing when there is no work. When the forward throws, every running sequence ends with an
+  // error event and the exception propagates. One thread at a time; not in background mode.
+  std::size_t step();
+  bool has_work() const noexcept;
+  // The oldest queued event of requests without a callback; false when none. Any thread.
+  bool poll(EngineEvent& out);
+  EngineStats stats() const;
+
+  const std::vector<std::int32_t>& eos_token_ids() const noexcept { return eos_ids_; }
+  Model& model() noexcept { return model_; }
+  std::int32_t kv_cache_tokens() const noexcept;
+
+ private:
+  struct Request;
+  std::size_t step_locked();
+  void take_inbox(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  void admit_request(std::unique_ptr<Request> r, std::vector<EngineEvent>& events,
+                     std::vector<EventCallback*>& sinks);
+  void end_sample(Request& r, Sequence& s, EngineEvent event, std::vector<EngineEvent>& events,
+                  std::vector<EventCallback*>& sinks);
+  void fail_running(ErrorCode code, const std::string& message, std::vector<EngineEvent>& events,
+                    std::vector<EventCallback*>& sinks);
+  std::size_t deliver(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  void publish_stats();
+  void background_loop();
+
+  Model& model_;
+  const Tokenizer* tokenizer_;
+  EngineOptions options_;
+  std::vector<std::int32_t> eos_ids_;
+  std::unique_ptr<kv::KvCache> cache_;
+  std::unique_ptr<kv::BlockPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+
+  // Step-thread state.
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::uint64_t arrivals_ = 0;
+  std::uint64_t steps_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0;
+  // Callbacks of requests that ended in this step, kept alive until their events are delivered.
+  std::vector<std::unique_ptr<Request>> retired_;
+
+  // Inbox: any thread.
+  mutable std::mutex inbox_mutex_;
+  std::deque<std::unique_ptr<Request>> inbox_;
+  std::vector<RequestId> cancels_;
+  std::atomic<RequestId> next_id_{1};
+  std::atomic<std::int64_t> live_requests_{0};  // submitted and not yet ended
+
+  // Events for poll(): any thread.
+  std::mutex events_mutex_;
+  std::deque<EngineEvent> queued_events_;
+
+  mutable std::mutex stats_mutex_;
+  EngineStats stats_;
+
+  // Background mode.
+  std::mutex step_mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;  // under inbox_mutex_
+  std::thread thread_;
+};
+
+}  // namespace xserv

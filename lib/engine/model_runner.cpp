@@ -1,0 +1,187 @@
+#include "engine/model_runner.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include "core/error.hpp"
+#include "engine/sampling_params.hpp"
+#include "kv/block_pool.hpp"
+
+namespace xserv {
+
+namespace {
+std::uint64_t next_epoch() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+std::int32_t ModelRunner::padded_decode_size(std::int32_t n) noexcept {
+  if (n <= 2) return n;
+  if (n <= 4) return 4;
+  return (n + 7) / 8 * 8;
+}
+
+ModelRunner::ModelRunner(Model& model, kv::KvCache& cache, std::optional<bool> pad_decode_batches)
+    : model_(model),
+      cache_(cache),
+      pad_(pad_decode_batches.value_or(model.backend().records_graphs())),
+      epoch_(next_epoch()) {}
+
+void ModelRunner::build_batch(const SchedulerOutput& out) {
+  ForwardBatch& b = batch_;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.query_start.assign(1, 0);
+  b.context_lens.clear();
+  b.block_tables.clear();
+  b.logit_rows.clear();
+  b.max_blocks_per_seq = 0;
+  for (const auto& c : out.chunks)
+    b.max_blocks_per_seq =
+        std::max(b.max_blocks_per_seq, static_cast<std::int32_t>(c.seq->blocks.size()));
+  const std::int32_t bs = cache_.block_size();
+  for (const auto& c : out.chunks) {
+    const Sequence& s = *c.seq;
+    for (std::int32_t pos = c.start; pos < c.start + c.num_tokens; ++pos) {
+      b.token_ids.push_back(s.tokens[static_cast<std::size_t>(pos)]);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(s.blocks[static_cast<std::size_t>(pos / bs)] * bs + pos % bs);
+    }
+    b.query_start.push_back(b.num_tokens());
+    b.context_lens.push_back(c.start + c.num_tokens);
+    b.block_tables.insert(b.block_tables.end(), s.blocks.begin(), s.blocks.end());
+    b.block_tables.resize(b.context_lens.size() * static_cast<std::size_t>(b.max_blocks_per_seq),
+                          kv::BlockPool::null_block);
+    if (c.sample) b.logit_rows.push_back(b.query_start.back() - 1);
+  }
+}
+
+void ModelRunner::pad_batch() {
+  ForwardBatch& b = batch_;
+  const std::int32_t padded = std::min(
+      {padded_decode_size(b.num_seqs()), model_.max_batch_tokens(), model_.max_logit_rows()});
+  b.max_blocks_per_seq = std::max(b.max_blocks_per_seq, 1);
+  const auto stride = static_cast<std::size_t>(b.max_blocks_per_seq);
+  for (std::int32_t i = b.num_seqs(); i < padded; ++i) {
+    b.token_ids.push_back(0);
+    b.positions.push_back(0);
+    b.slot_mapping.push_back(kv::BlockPool::null_block * cache_.block_size());
+    b.query_start.push_back(b.num_tokens());
+    b.context_lens.push_back(1);
+    b.block_tables.push_back(kv::BlockPool::null_block);
+    b.block_tables.resize(b.context_lens.size() * stride, kv::BlockPool::null_block);
+    b.logit_rows.push_back(b.query_start.back() - 1);
+  }
+}
+
+void ModelRunner::build_sampling(const SchedulerOutput& out) {
+  SamplingBatch& sp = sampling_;
+  sp.rows.clear();
+  sp.prompt_tokens.clear();
+  sp.prompt_start.clear();
+  sp.output_tokens.clear();
+  sp.output_start.clear();
+  bool penalties = false;
+  for (const auto& c : out.chunks)
+    if (c.sample && c.seq->params->uses_penalties()) penalties = true;
+  if (penalties) {
+    sp.prompt_start.push_back(0);
+    sp.output_start.push_back(0);
+  }
+  for (const auto& c : out.chunks) {
+    if (!c.sample) continue;
+    const Sequence& s = *c.seq;
+    // Keyed by (seed, number of generated tokens): a recomputed (preempted) sequence draws the
+    // same numbers again.
+    sp.rows.push_back(s.params->row(s.seed, static_cast<std::uint64_t>(s.generated())));
+    if (!penalties) continue;
+    if (s.params->uses_penalties()) {
+      const auto p = s.tokens.begin() + s.prompt_len;
+      sp.prompt_tokens.insert(sp.prompt_tokens.end(), s.tokens.begin(), p);
+      sp.output_tokens.insert(sp.output_tokens.end(), p, s.tokens.end());
+    }
+    sp.prompt_start.push_back(static_cast<std::int32_t>(sp.prompt_tokens.size()));
+    sp.output_start.push_back(static_cast<std::int32_t>(sp.output_tokens.size()));
+  }
+}
+
+void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out,
+                                   std::vector<SampledToken>& result) {
+  std::int32_t top_n = 0;
+  for (const auto& c : out.chunks)
+    if (c.sample) top_n = std::max(top_n, c.seq->logprobs);
+  const auto rows = static_cast<std::size_t>(raw.shape[0]);
+  std::vector<float> chosen(rows);
+  std::vector<std::int32_t> top_ids(rows * static_cast<std::size_t>(top_n));
+  std::vector<float> top_lp(top_ids.size());
+  model_.backend().logprobs(raw, ids_.data(), top_n, chosen.data(), top_ids.data(), top_lp.data());
+  std::size_t row = 0;
+  for (const auto& c : out.chunks) {
+    if (!c.sample) continue;
+    SampledToken& t = result[row];
+    if (c.seq->logprobs > 0) {
+      t.logprob = chosen[row];
+      for (std::int32_t k = 0; k < c.seq->logprobs; ++k) {
+        const std::size_t at = row * static_cast<std::size_t>(top_n) + static_cast<std::size_t>(k);
+        t.top.push_back({top_ids[at], top_lp[at]});
+      }
+    }
+    ++row;
+  }
+}
+
+std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
+  Backend& backend = model_.backend();
+  std::lock_guard lock(model_.forward_mutex());  // the model's workspace holds the logits
+  build_batch(out);
+  build_sampling(out);
+  const std::size_t rows = sampling_.rows.size();
+  const bool decode_only = out.decode_only();
+  if (decode_only && pad_) pad_batch();
+
+  const DeviceBatch device_batch = backend.upload_batch(batch_);
+  Tensor logits;
+  if (decode_only) {
+    // Same launch shapes every step at this (padded) size: the backend may record and replay.
+    const auto size = batch_.num_seqs();
+    backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size),
+                      [&] { logits = model_.forward(device_batch, cache_); });
+    Tensor& kept = decode_logits_[size];
+    if (logits.empty()) logits = kept;
+    else kept = logits;
+  } else {
+    logits = model_.forward(device_batch, cache_);
+  }
+  std::vector<SampledToken> result(rows);
+  if (rows == 0) {
+    backend.synchronize();
+    return result;
+  }
+  logits = logits.rows(0, static_cast<std::int64_t>(rows));  // the real rows, padding left out
+
+  bool want_logprobs = false;
+  for (const auto& c : out.chunks)
+    if (c.sample && c.seq->logprobs > 0) want_logprobs = true;
+  Tensor raw;
+  if (want_logprobs) {
+    // sample() changes the logits in place (penalties, temperature); logprobs are of the raw ones.
+    if (raw_logits_.size() < logits.bytes()) raw_logits_ = Buffer(backend.allocator(), logits.bytes());
+    raw = Tensor(raw_logits_.data(), logits.dtype, logits.shape, backend.device());
+    backend.copy(raw, logits);
+  }
+  ids_.assign(rows, 0);
+  backend.sample(logits, sampling_, ids_.data());
+  const std::int32_t vocab = model_.config().vocab_size;
+  for (std::size_t r = 0; r < rows; ++r) {
+    XSERV_CHECK(ids_[r] >= 0 && ids_[r] < vocab, ErrorCode::internal,
+                "engine: the backend sampled token {} outside the vocab of {}", ids_[r], vocab);
+    result[r].token = ids_[r];
+  }
+  if (want_logprobs) compute_logprobs(raw, out, result);
+  return result;
+}
+
+}  // namespace xserv

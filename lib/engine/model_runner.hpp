@@ -1,0 +1,67 @@
+// ModelRunner: executes a SchedulerOutput on the model and returns the sampled tokens.
+//
+// Execution only (the scheduler decided everything). One execute():
+//   SchedulerOutput -> ForwardBatch (packed ids, positions, block tables, slot mapping, one
+//   logits row per sampling chunk, in chunk order) -> Model::forward -> Backend::sample (and
+//   Backend::logprobs when a sequence asked for them). Only the ids and the requested
+//   log-probabilities reach the host.
+// Pure decode steps on a backend that records graphs (CUDA) are padded to 1, 2, 4 or a multiple
+// of 8 sequences and run through Backend::run_graph keyed by (pool epoch, padded size), so one
+// recording serves every batch size up to its padded one as sequences come and go. Padding rows
+// hold token 0 at position 0 in the pool's null block (BlockPool::null_block), attend to
+// themselves alone, and are sampled nowhere.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "engine/request.hpp"
+#include "engine/scheduler.hpp"
+#include "kv/kv_cache.hpp"
+#include "models/model.hpp"
+
+namespace xserv {
+
+// What one sampling chunk produced.
+struct SampledToken {
+  std::int32_t token = 0;
+  float logprob = 0.0f;             // when the sequence asked for logprobs
+  std::vector<TopLogprob> top;      // its `logprobs` most likely tokens, most likely first
+};
+
+class ModelRunner {
+ public:
+  // pad_decode_batches unset: on when the backend records graphs.
+  ModelRunner(Model& model, kv::KvCache& cache, std::optional<bool> pad_decode_batches = {});
+
+  // One entry per sampling chunk of `out`, in chunk order. Throws what the forward throws.
+  std::vector<SampledToken> execute(const SchedulerOutput& out);
+
+  // The padded size of a decode step of n sequences: 1, 2, 4, then multiples of 8.
+  static std::int32_t padded_decode_size(std::int32_t n) noexcept;
+
+ private:
+  void build_batch(const SchedulerOutput& out);
+  void pad_batch();
+  void build_sampling(const SchedulerOutput& out);
+  void compute_logprobs(const Tensor& raw, const SchedulerOutput& out,
+                        std::vector<SampledToken>& result);
+
+  Model& model_;
+  kv::KvCache& cache_;
+  bool pad_;
+  // Recordings hold the pool's addresses; a later pool may land at the same address, so every
+  // runner has a process-unique epoch in its graph keys.
+  std::uint64_t epoch_;
+  // A replay returns no tensor: the logits view of each recorded size (model workspace).
+  std::map<std::int32_t, Tensor> decode_logits_;
+  ForwardBatch batch_;
+  SamplingBatch sampling_;
+  std::vector<std::int32_t> ids_;
+  Buffer raw_logits_;  // a copy of the logits before sampling changes them (logprobs only)
+};
+
+}  // namespace xserv
