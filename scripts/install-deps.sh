@@ -9,6 +9,10 @@ pkgs=(cmake g++ make pkg-config libsimdjson-dev libfmt-dev catch2 libbenchmark-d
       # (scripts/fuzz.sh, tests/fuzz)
       clang libclang-rt-14-dev)
 pkgs+=(doxygen)  # the C API reference and its CI check (scripts/api-docs.sh, ctest capi_docs)
+# xserv-server (examples/server): cpp-httplib for HTTP/1.1 + SSE, nlohmann::json to read and write
+# JSON (simdjson only reads). Its Node and Chromium test stages install their own packages
+# (tests/server/run_node_test.sh), so CI without them still builds and runs the rest.
+pkgs+=(libcpp-httplib-dev nlohmann-json3-dev)
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do

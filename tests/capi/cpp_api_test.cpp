@@ -2,6 +2,8 @@
 // compiled as C++17. Exceptions, RAII, callbacks that stop or throw.
 #include <xserv/xserv.hpp>
 
+#include "cxx_check.hpp"
+
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -10,30 +12,6 @@
 #include <vector>
 
 namespace {
-
-int g_checks = 0;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-  do {                                                                               \
-    ++g_checks;                                                                      \
-    if (!(cond)) {                                                                   \
-      ++g_failures;                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-    }                                                                                \
-  } while (0)
-
-template <typename F>
-xserv_status status_of(F&& f) {
-  try {
-    f();
-  } catch (const xserv::Error& e) {
-    return e.status();
-  }
-  return XSERV_OK;
-}
-
-const std::string kModel = XSERV_SOURCE_DIR "/examples/models/shakespeare";
 
 void test_errors() {
   CHECK(status_of([] { xserv::Model::load("/nonexistent/model"); }) == XSERV_ERR_NOT_FOUND);
@@ -135,6 +113,5 @@ int main() {
   } else {
     std::printf("cpp_api_test: the embedded model is missing, model tests skipped\n");
   }
-  std::printf("cpp_api_test: %d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return report_checks("cpp_api_test");
 }
