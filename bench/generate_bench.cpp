@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "bench_args.hpp"
 #include "core/error.hpp"
 #include "engine/generate.hpp"
 #include "models/model.hpp"
 
 using namespace xserv;
+using bench::number;
 
 namespace {
 
@@ -34,15 +36,6 @@ struct Options {
   std::int32_t prompt_len = 128, gen_len = 32, repeat = 3;
   std::size_t threads = 0;
 };
-
-template <typename T>
-T number(const std::string& s) {
-  T v{};
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  XSERV_CHECK(ec == std::errc() && p == s.data() + s.size(), ErrorCode::invalid_argument,
-              "'{}' is not a number", s);
-  return v;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -61,13 +54,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = number<std::size_t>(value());
     else if (a == "--repeat") o.repeat = number<std::int32_t>(value());
     else if (a == "--batch") {
-      o.batches.clear();
-      std::string list = value();
-      for (std::size_t p = 0; p <= list.size();) {
-        std::size_t q = std::min(list.find(',', p), list.size());
-        o.batches.push_back(number<std::int32_t>(list.substr(p, q - p)));
-        p = q + 1;
-      }
+      o.batches = bench::number_list(value());
     } else {
       throw_error(ErrorCode::invalid_argument, "unknown option '{}'", a);
     }
@@ -83,16 +70,8 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) try {
   Options o = parse(argc, argv);
-  std::string dir = o.model;
-  std::filesystem::path tmp;
-  if (dir.empty()) {  // a model directory holding only the config
-    tmp = std::filesystem::temp_directory_path() /
-          ("xserv-bench-" + std::to_string(std::hash<std::string>{}(o.config)));
-    std::filesystem::create_directories(tmp);
-    std::filesystem::copy_file(o.config, tmp / "config.json",
-                               std::filesystem::copy_options::overwrite_existing);
-    dir = tmp.string();
-  }
+  const bench::ModelDir model_dir(o.model, o.config, "bench");  // a lone config: dummy weights
+  const std::string& dir = model_dir.path();
   const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
                           : o.device == "cuda"                ? DeviceKind::cuda
                                                               : DeviceKind::cpu;
@@ -157,7 +136,6 @@ int main(int argc, char** argv) try {
     std::printf("| %d | %.1f | %.1f | %.2f |\n", b, best_prefill, best_decode, best_step);
     std::fflush(stdout);
   }
-  if (!tmp.empty()) std::filesystem::remove_all(tmp);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "generate_bench: %s\n", e.what());

@@ -24,11 +24,13 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "bench_args.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "models/model.hpp"
 
 using namespace xserv;
+using bench::number;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -44,15 +46,6 @@ struct Options {
   std::int64_t kv_cache_tokens = 0;
   float gpu_memory_fraction = 0.9f;
 };
-
-template <typename T>
-T number(const std::string& s) {
-  T v{};
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  XSERV_CHECK(ec == std::errc() && p == s.data() + s.size(), ErrorCode::invalid_argument,
-              "'{}' is not a number", s);
-  return v;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -75,13 +68,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--gpu-memory-fraction") o.gpu_memory_fraction = std::stof(value());
     else if (a == "--poisson") o.poisson_rate = std::stod(value());
     else if (a == "--concurrency") {
-      o.concurrency.clear();
-      const std::string list = value();
-      for (std::size_t p = 0; p <= list.size();) {
-        const std::size_t q = std::min(list.find(',', p), list.size());
-        o.concurrency.push_back(number<std::int32_t>(list.substr(p, q - p)));
-        p = q + 1;
-      }
+      o.concurrency = bench::number_list(value());
     } else {
       throw_error(ErrorCode::invalid_argument, "unknown option '{}'", a);
     }
@@ -186,16 +173,8 @@ void print(const char* workload, const Result& r) {
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  std::string dir = o.model;
-  std::filesystem::path tmp;
-  if (dir.empty()) {  // a model directory holding only the config: dummy weights
-    tmp = std::filesystem::temp_directory_path() /
-          ("xserv-serve-bench-" + std::to_string(std::hash<std::string>{}(o.config)));
-    std::filesystem::create_directories(tmp);
-    std::filesystem::copy_file(o.config, tmp / "config.json",
-                               std::filesystem::copy_options::overwrite_existing);
-    dir = tmp.string();
-  }
+  const bench::ModelDir model_dir(o.model, o.config, "serve-bench");  // a lone config: dummy weights
+  const std::string& dir = model_dir.path();
   const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
                           : o.device == "cuda"                ? DeviceKind::cuda
                                                               : DeviceKind::cpu;
@@ -270,7 +249,6 @@ int main(int argc, char** argv) try {
       }
     }
   }
-  if (!tmp.empty()) std::filesystem::remove_all(tmp);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "serve_bench: %s\n", e.what());

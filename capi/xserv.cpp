@@ -537,19 +537,21 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
 
 namespace {
 
+// The C defaults are the C++ engine's (one place says them: EngineOptions).
 xserv_engine_params engine_defaults() {
+  const xserv::EngineOptions o;
   xserv_engine_params p;
   std::memset(&p, 0, sizeof p);
   p.struct_size = sizeof p;
-  p.max_seqs = 256;
-  p.max_batch_tokens = 0;
-  p.kv_cache_tokens = 0;
-  p.gpu_memory_fraction = 0.9f;
-  p.kv_cache_bytes = 0;
-  p.block_size = 16;
-  p.prefix_cache = true;
-  p.max_waiting = 0;
-  p.background_thread = false;
+  p.max_seqs = o.max_seqs;
+  p.max_batch_tokens = o.max_batch_tokens;
+  p.kv_cache_tokens = o.kv_cache_tokens;
+  p.gpu_memory_fraction = o.gpu_memory_fraction;
+  p.kv_cache_bytes = o.kv_cache_bytes;
+  p.block_size = o.block_size;
+  p.prefix_cache = o.prefix_cache;
+  p.max_waiting = o.max_waiting;
+  p.background_thread = o.background_thread;
   return p;
 }
 

@@ -11,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/order_key.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -18,14 +19,6 @@ namespace {
 constexpr int threads = 512;
 using u64 = unsigned long long;
 
-__device__ __forceinline__ u64 order_key(float x, int id) {
-  unsigned u = __float_as_uint(x);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<u64>(u) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(id));
-}
-__device__ __forceinline__ int key_id(u64 key) {
-  return static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(key & 0xFFFFFFFFull));
-}
 
 __device__ __forceinline__ u64 warp_max_key(u64 k) {
 #pragma unroll

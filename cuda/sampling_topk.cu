@@ -17,6 +17,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/order_key.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -25,18 +26,6 @@ using u64 = unsigned long long;
 constexpr int phase1_threads = 256;
 constexpr int phase2_threads = 1024;
 
-__device__ __forceinline__ u64 key_of(float x, int id) {
-  unsigned u = __float_as_uint(x);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<u64>(u) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(id));
-}
-__device__ __forceinline__ int id_of(u64 key) {
-  return static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(key & 0xFFFFFFFFull));
-}
-__device__ __forceinline__ float value_of(u64 key) {
-  const unsigned b = static_cast<unsigned>(key >> 32);
-  return __uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
-}
 
 // The row's k: greedy rows need only their best key.
 __device__ __forceinline__ int row_k(const SamplingRowParams& p) {
@@ -84,7 +73,7 @@ __global__ void __launch_bounds__(phase1_threads)
       for (int i = threadIdx.x; i < 256; i += blockDim.x) bins[i] = 0;
       __syncthreads();
       for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const u64 key = key_of(x[i], i);
+        const u64 key = order_key(x[i], i);
         if ((key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 255], 1u);
       }
       __syncthreads();
@@ -109,7 +98,7 @@ __global__ void __launch_bounds__(phase1_threads)
   __syncthreads();
   if (k > 0) {
     for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const u64 key = key_of(x[i], i);
+      const u64 key = order_key(x[i], i);
       if (key >= floor) out[atomicAdd(&n_out, 1u)] = key;
     }
   }
@@ -140,42 +129,42 @@ __global__ void __launch_bounds__(phase2_threads)
   }
   if (threadIdx.x != 0) return;
   if (prm.temperature <= 0.0f) {
-    out_ids[row] = id_of(keys[0]);
+    out_ids[row] = key_id(keys[0]);
     return;
   }
   int k = 0;
   while (k < prm.top_k && k < n_pow2 && keys[k] != 0ull) ++k;
-  const float mx = value_of(keys[0]);
+  const float mx = key_value(keys[0]);
   if (prm.top_p < 1.0f) {
     double z = 0.0;
-    for (int i = 0; i < k; ++i) z += static_cast<double>(expf(value_of(keys[i]) - mx));
+    for (int i = 0; i < k; ++i) z += static_cast<double>(expf(key_value(keys[i]) - mx));
     const double target = static_cast<double>(prm.top_p) * z;
     double run = 0.0;
     int i = 0;
     for (; i < k - 1; ++i) {
-      run += static_cast<double>(expf(value_of(keys[i]) - mx));
+      run += static_cast<double>(expf(key_value(keys[i]) - mx));
       if (run >= target) break;
     }
     k = i + 1;
   }
   if (prm.min_p > 0.0f) {  // weights fall along the order: the kept ones are a prefix
     int i = 0;
-    while (i < k && expf(value_of(keys[i]) - mx) >= prm.min_p) ++i;
+    while (i < k && expf(key_value(keys[i]) - mx) >= prm.min_p) ++i;
     k = max(i, 1);
   }
   double z = 0.0;
-  for (int i = 0; i < k; ++i) z += static_cast<double>(expf(value_of(keys[i]) - mx));
+  for (int i = 0; i < k; ++i) z += static_cast<double>(expf(key_value(keys[i]) - mx));
   const double target = static_cast<double>(prm.uniform) * z;
   double run = 0.0;
   int chosen = k - 1;
   for (int i = 0; i < k; ++i) {
-    run += static_cast<double>(expf(value_of(keys[i]) - mx));
+    run += static_cast<double>(expf(key_value(keys[i]) - mx));
     if (run > target) {
       chosen = i;
       break;
     }
   }
-  out_ids[row] = id_of(keys[chosen]);
+  out_ids[row] = key_id(keys[chosen]);
 }
 
 }  // namespace

@@ -96,10 +96,10 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
     options_.max_batch_tokens = model.max_batch_tokens();
   const std::int32_t blocks = pool_blocks(model, options_);
   cache_ = std::make_unique<kv::KvCache>(
-      model.backend(), model.kv_spec(), kv::KvCacheOptions{options_.block_size, blocks, 0});
-  pool_ = std::make_unique<kv::BlockPool>(blocks, options_.block_size, options_.prefix_cache);
+      model.backend(), model.kv_spec(),
+      kv::KvCacheOptions{options_.block_size, blocks, 0, options_.prefix_cache});
   scheduler_ = std::make_unique<Scheduler>(
-      *pool_, SchedulerConfig{options_.max_seqs, options_.max_batch_tokens});
+      cache_->blocks(), SchedulerConfig{options_.max_seqs, options_.max_batch_tokens});
   runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
   publish_stats();
   if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });
@@ -117,7 +117,7 @@ Engine::~Engine() {
 }
 
 std::int32_t Engine::kv_cache_tokens() const noexcept {
-  return (pool_->num_blocks() - 1) * pool_->block_size();
+  return (cache_->num_blocks() - 1) * cache_->block_size();
 }
 
 RequestId Engine::submit(EngineRequest request) {
@@ -193,11 +193,12 @@ void Engine::publish_stats() {
   EngineStats s;
   s.running = scheduler_->num_running();
   s.waiting = scheduler_->num_waiting();
-  s.kv_blocks_total = pool_->num_blocks() - 1;
-  s.kv_blocks_used = pool_->num_used();
-  s.block_size = pool_->block_size();
-  s.prefix_queries = pool_->queries();
-  s.prefix_hits = pool_->hits();
+  const kv::BlockPool& pool = cache_->blocks();
+  s.kv_blocks_total = pool.num_blocks() - 1;
+  s.kv_blocks_used = pool.num_used();
+  s.block_size = pool.block_size();
+  s.prefix_queries = pool.queries();
+  s.prefix_hits = pool.hits();
   s.preemptions = scheduler_->preemptions();
   s.steps = steps_;
   s.prompt_tokens = prompt_tokens_;

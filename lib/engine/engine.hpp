@@ -4,7 +4,7 @@
 //   inbox (new requests, cancellations) -> Scheduler::schedule() -> SchedulerOutput
 //   -> ModelRunner::execute() (one batched forward, sampling on the backend)
 //   -> Scheduler::update() -> OutputProcessor per sampled sequence -> events.
-// The KV pool (kv::KvCache storage + kv::BlockPool ids) is sized once, here.
+// The KV pool (kv::KvCache: the K/V storage and its kv::BlockPool) is sized once, here.
 //
 // Thread-safety:
 // - submit(), cancel(), poll(), has_work() and stats() may be called from any thread at any
@@ -31,7 +31,6 @@
 #include "engine/output_processor.hpp"
 #include "engine/request.hpp"
 #include "engine/scheduler.hpp"
-#include "kv/block_pool.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
 
@@ -125,7 +124,6 @@ class Engine {
   EngineOptions options_;
   std::vector<std::int32_t> eos_ids_;
   std::unique_ptr<kv::KvCache> cache_;
-  std::unique_ptr<kv::BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
 

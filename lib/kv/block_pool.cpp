@@ -151,4 +151,25 @@ void BlockPool::commit(std::int32_t block, std::uint64_t hash,
             tokens_.begin() + static_cast<std::ptrdiff_t>(block) * block_size_);
 }
 
+void BlockTable::ensure_capacity(BlockPool& pool, std::int32_t tokens) {
+  while (capacity() < tokens) blocks_.push_back(pool.allocate());
+}
+
+std::int32_t BlockTable::slot(std::int32_t pos) const {
+  XSERV_CHECK(pos >= 0 && pos < capacity(), ErrorCode::invalid_argument,
+              "KV cache: position {} outside a block table of {} tokens", pos, capacity());
+  return blocks_[static_cast<std::size_t>(pos / block_size_)] * block_size_ + pos % block_size_;
+}
+
+void BlockTable::release(BlockPool& pool) noexcept {
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    try {
+      pool.release(*it);
+    } catch (const Error&) {
+      // A table only holds blocks it got from this pool.
+    }
+  }
+  blocks_.clear();
+}
+
 }  // namespace xserv::kv

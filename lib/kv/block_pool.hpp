@@ -95,4 +95,30 @@ class BlockPool {
   std::uint64_t queries_ = 0, hits_ = 0, evictions_ = 0;
 };
 
+// The blocks one sequence owns, in order: the token at position p lives in
+// blocks()[p / block_size] at offset p % block_size. For tools and tests that drive
+// Model::forward directly; the engine's sequences keep their block lists themselves.
+class BlockTable {
+ public:
+  explicit BlockTable(std::int32_t block_size) : block_size_(block_size) {}
+
+  const std::vector<std::int32_t>& blocks() const noexcept { return blocks_; }
+  std::int32_t block_size() const noexcept { return block_size_; }
+  std::int32_t capacity() const noexcept {
+    return static_cast<std::int32_t>(blocks_.size()) * block_size_;
+  }
+
+  // Allocates blocks until `tokens` tokens fit. On resource_exhausted the blocks already owned
+  // stay owned (release() frees them).
+  void ensure_capacity(BlockPool& pool, std::int32_t tokens);
+  // The cache slot (block * block_size + offset) of position `pos`, which must be < capacity().
+  std::int32_t slot(std::int32_t pos) const;
+  // Returns every block to the pool.
+  void release(BlockPool& pool) noexcept;
+
+ private:
+  std::int32_t block_size_;
+  std::vector<std::int32_t> blocks_;
+};
+
 }  // namespace xserv::kv

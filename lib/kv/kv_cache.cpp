@@ -14,7 +14,17 @@ std::size_t KvSpec::bytes_per_block(std::int32_t block_size) const noexcept {
 
 namespace {
 
+// The pool's block count from the options, after checking the spec and the options.
 std::int32_t pool_blocks(const KvSpec& spec, const KvCacheOptions& o) {
+  XSERV_CHECK(spec.num_layers > 0 && spec.num_kv_heads > 0 && spec.head_dim > 0,
+              ErrorCode::invalid_argument, "KV cache: {} layers, {} kv heads, head_dim {}",
+              spec.num_layers, spec.num_kv_heads, spec.head_dim);
+  XSERV_CHECK(o.block_size > 0 && o.block_size <= 1024, ErrorCode::invalid_argument,
+              "KV cache: block size {} (expected 1 ..= 1024)", o.block_size);
+  XSERV_CHECK(o.num_blocks >= 0, ErrorCode::invalid_argument, "KV cache: {} blocks",
+              o.num_blocks);
+  XSERV_CHECK(o.num_blocks > 0 || o.memory_bytes > 0, ErrorCode::invalid_argument,
+              "KV cache: give a block count or a memory budget");
   if (o.num_blocks > 0) return o.num_blocks;
   std::size_t per_block = spec.bytes_per_block(o.block_size);
   std::size_t n = o.memory_bytes / per_block;
@@ -27,19 +37,10 @@ std::int32_t pool_blocks(const KvSpec& spec, const KvCacheOptions& o) {
 }  // namespace
 
 KvCache::KvCache(Backend& backend, const KvSpec& spec, const KvCacheOptions& options)
-    : spec_(spec), block_size_(options.block_size) {
-  XSERV_CHECK(spec.num_layers > 0 && spec.num_kv_heads > 0 && spec.head_dim > 0,
-              ErrorCode::invalid_argument, "KV cache: {} layers, {} kv heads, head_dim {}",
-              spec.num_layers, spec.num_kv_heads, spec.head_dim);
-  XSERV_CHECK(block_size_ > 0 && block_size_ <= 1024, ErrorCode::invalid_argument,
-              "KV cache: block size {} (expected 1 ..= 1024)", block_size_);
-  XSERV_CHECK(options.num_blocks >= 0, ErrorCode::invalid_argument, "KV cache: {} blocks",
-              options.num_blocks);
-  XSERV_CHECK(options.num_blocks > 0 || options.memory_bytes > 0, ErrorCode::invalid_argument,
-              "KV cache: give a block count or a memory budget");
-  std::int32_t n = pool_blocks(spec, options);
-  blocks_ = BlockAllocator(n);
-
+    : spec_(spec),
+      block_size_(options.block_size),
+      blocks_(pool_blocks(spec, options), options.block_size, options.prefix_cache) {
+  const std::int32_t n = blocks_.num_blocks();
   Shape pool_shape{n, block_size_, spec.num_kv_heads, spec.head_dim};
   std::size_t pool_bytes =
       static_cast<std::size_t>(pool_shape.numel()) * dtype_size(spec.dtype);

@@ -1,4 +1,4 @@
-// KvCache: the paged K/V pools of every layer plus the allocator of their block ids.
+// KvCache: the paged K/V pools of every layer plus the BlockPool of their block ids.
 //
 // Per layer one Buffer from backend.allocator() holds K then V, each
 // [num_blocks, block_size, num_kv_heads, head_dim] in the backend's activation dtype (the layout
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "kv/block_allocator.hpp"
+#include "kv/block_pool.hpp"
 
 namespace xserv::kv {
 
@@ -27,9 +27,11 @@ struct KvSpec {
 
 struct KvCacheOptions {
   std::int32_t block_size = 16;
-  // Pool size: num_blocks when > 0, else as many blocks as fit in memory_bytes.
+  // Pool size, the null block included (at least 2): num_blocks when > 0, else as many blocks
+  // as fit in memory_bytes.
   std::int32_t num_blocks = 0;
   std::size_t memory_bytes = 0;
+  bool prefix_cache = true;  // see BlockPool
 };
 
 class KvCache {
@@ -45,13 +47,13 @@ class KvCache {
   std::size_t bytes() const noexcept;
 
   KvLayer layer(std::int32_t index) const;
-  BlockAllocator& blocks() noexcept { return blocks_; }
-  const BlockAllocator& blocks() const noexcept { return blocks_; }
+  BlockPool& blocks() noexcept { return blocks_; }
+  const BlockPool& blocks() const noexcept { return blocks_; }
 
  private:
   KvSpec spec_;
   std::int32_t block_size_;
-  BlockAllocator blocks_;
+  BlockPool blocks_;
   std::vector<Buffer> layers_;  // K pool then V pool of each layer
   std::vector<KvLayer> views_;
 };

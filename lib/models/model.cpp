@@ -104,7 +104,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
 void Model::warm_up() {
   const std::int32_t block = 16;
   const std::int32_t longest = std::min(max_batch_tokens_, config_.max_position_embeddings);
-  kv::KvCache cache(backend_, kv_spec(), kv::KvCacheOptions{block, longest / block + 1, 0});
+  // Blocks 0 .. for the longest prompt, addressed directly (the pool needs at least two).
+  kv::KvCache cache(backend_, kv_spec(),
+                    kv::KvCacheOptions{block, std::max(2, (longest + block - 1) / block), 0});
   // Every length up to 8 (GEMM algorithms are chosen per exact row count there), then powers
   // of two (one choice per bucket above 8).
   for (std::int32_t m = 1;; m = std::min(m < 8 ? m + 1 : m * 2, longest)) {

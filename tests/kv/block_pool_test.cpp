@@ -117,3 +117,25 @@ TEST_CASE("BlockPool evicts cached blocks only when reused, least recently relea
   CHECK(off.num_cached() == 0);
   CHECK(off.queries() == 0);
 }
+
+TEST_CASE("BlockTable maps positions to slots through its blocks", "[kv]") {
+  BlockPool pool(9, 4);  // blocks 1 ..= 8
+  pool.allocate();       // block 1 taken by someone else
+  BlockTable t(4);
+  t.ensure_capacity(pool, 6);
+  REQUIRE(t.blocks().size() == 2);
+  CHECK(t.capacity() == 8);
+  CHECK(t.slot(0) == t.blocks()[0] * 4);
+  CHECK(t.slot(5) == t.blocks()[1] * 4 + 1);
+  CHECK_THROWS_AS(t.slot(8), Error);
+  t.ensure_capacity(pool, 8);  // already fits
+  CHECK(t.blocks().size() == 2);
+  t.release(pool);
+  CHECK(t.blocks().empty());
+  CHECK(pool.num_free() == 7);
+
+  BlockTable big(4);
+  CHECK_THROWS_AS(big.ensure_capacity(pool, 4 * 8), Error);  // 7 free blocks only
+  big.release(pool);
+  CHECK(pool.num_free() == 7);
+}

@@ -15,7 +15,7 @@
 #include "core/mapped_file.hpp"
 #include "engine/generate.hpp"
 #include "io/json.hpp"
-#include "kv/block_allocator.hpp"
+#include "kv/block_pool.hpp"
 
 namespace xserv::test {
 
