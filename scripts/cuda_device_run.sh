@@ -7,6 +7,7 @@
 #                                       next to transformers
 #   scripts/cuda_device_run.sh decode  [cuda] tests, then decode speed with programmatic dependent
 #                                       launch off and on (XSERV_CUDA_PDL), per-kernel times (ncu)
+#   scripts/cuda_device_run.sh tests   [cuda] tests, compute-sanitizer over the sampling kernels
 #   scripts/cuda_device_run.sh serve   [cuda] tests (engine included), then the engine's serving
 #                                       benchmarks (bench/serve_bench: Qwen3-8B and 1.7B at 1/16/64/
 #                                       128 concurrent, Poisson arrivals, a shared 1024-token prefix),
@@ -97,6 +98,9 @@ if [ "$stage" = check ]; then
   }" | tee "$OUT/bench_small.txt"
   echo "== transformers"
   timeout 60 python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
+elif [ "$stage" = tests ]; then
+  run_cuda_tests 200
+  sanitize "cuda sample*" sanitizer.txt
 elif [ "$stage" = serve ]; then
   run_cuda_tests 200
   checkpoints qwen3-1.7b qwen3-8b
