@@ -40,13 +40,19 @@ constexpr Shape3 kShapes[] = {{"qkv", 768, 2304, WeightLayout::in_out},
                               {"attn_out", 768, 768, WeightLayout::in_out},
                               {"mlp_up", 768, 3072, WeightLayout::in_out},
                               {"mlp_down", 3072, 768, WeightLayout::in_out},
-                              {"lm_head", 768, 50257, WeightLayout::out_in}};
+                              {"lm_head", 768, 50257, WeightLayout::out_in},
+                              // Qwen3-0.6B (Linear, out_in): packed q/k/v, gate+up, down, tied lm_head.
+                              {"q3_qkv", 1024, 4096, WeightLayout::out_in},
+                              {"q3_gate_up", 1024, 6144, WeightLayout::out_in},
+                              {"q3_down", 3072, 1024, WeightLayout::out_in},
+                              {"q3_lm_head", 1024, 151936, WeightLayout::out_in}};
+constexpr int kGpt2Shapes = 5, kShapeCount = 9;
 
-// args: shape index, M, dtype (0 f32, 1 bf16), use BLAS (f32 only)
+// args: shape index, M, dtype (0 f32, 1 bf16, 2 f16), use BLAS (f32 only)
 void BM_gemm(benchmark::State& state) {
   const Shape3& s = kShapes[state.range(0)];
   const std::int64_t m = state.range(1);
-  const DType wt = state.range(2) ? DType::bf16 : DType::f32;
+  const DType wt = state.range(2) == 1 ? DType::bf16 : state.range(2) == 2 ? DType::f16 : DType::f32;
   const bool blas = state.range(3) != 0;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -56,7 +62,7 @@ void BM_gemm(benchmark::State& state) {
   for (auto& x : wf) x = dist(rng);
   std::vector<std::uint16_t> wh;
   void* wp = wf.data();
-  if (wt == DType::bf16) {
+  if (wt != DType::f32) {
     wh.resize(wf.size());
     convert_from_f32(wf.data(), wh.data(), wt, wf.size());
     wp = wh.data();
@@ -68,7 +74,7 @@ void BM_gemm(benchmark::State& state) {
             Tensor(wp, wt, ws), s.layout, Tensor{});
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetLabel(std::string(s.name) + (wt == DType::bf16 ? " bf16" : " f32") +
+  state.SetLabel(std::string(s.name) + " " + std::string(dtype_name(wt)) +
                  (blas && wt == DType::f32 && m > cpu::gemv_max_rows &&
                           be.name().find("OpenBLAS") != std::string::npos
                       ? " OpenBLAS"
@@ -83,13 +89,17 @@ void BM_gemm(benchmark::State& state) {
 }
 
 void gemm_args(benchmark::internal::Benchmark* b) {
-  for (int shape = 0; shape < 5; ++shape)
+  for (int shape = 0; shape < kGpt2Shapes; ++shape)
     for (int m : {1, 4, 128, 512}) {
       if (shape == 4 && m > 128) continue;  // lm_head runs on logit rows only
       b->Args({shape, m, 0, 1});
       if (m > cpu::gemv_max_rows) b->Args({shape, m, 0, 0});
       b->Args({shape, m, 1, 0});
+      if (m == 1) b->Args({shape, m, 2, 0});  // f16 (the embedded model's weights)
     }
+  for (int shape = kGpt2Shapes; shape < kShapeCount; ++shape)  // Qwen3: bf16
+    for (int m : {1, 128})
+      if (shape != kShapeCount - 1 || m == 1) b->Args({shape, m, 1, 0});
 }
 BENCHMARK(BM_gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 

@@ -147,6 +147,7 @@ class CudaBackend final : public Backend {
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
   void run_graph(std::uint64_t key, const std::function<void()>& ops) override;
   bool records_graphs() const noexcept override { return true; }
+  std::size_t recorded_graphs() const noexcept override { return graphs_.size(); }
 
  private:
   void stage_to_device(char* dst, const char* src, std::size_t bytes);

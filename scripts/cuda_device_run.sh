@@ -7,6 +7,11 @@
 #                                       next to transformers
 #   scripts/cuda_device_run.sh decode  [cuda] tests, then decode speed with programmatic dependent
 #                                       launch off and on (XSERV_CUDA_PDL), per-kernel times (ncu)
+#   scripts/cuda_device_run.sh tests   [cuda] tests, compute-sanitizer over the sampling kernels
+#   scripts/cuda_device_run.sh serve   [cuda] tests (engine included), then the engine's serving
+#                                       benchmarks (bench/serve_bench: Qwen3-8B and 1.7B at 1/16/64/
+#                                       128 concurrent, Poisson arrivals, a shared 1024-token prefix),
+#                                       and c_api_bench on Qwen3-8B
 #   scripts/cuda_device_run.sh latency [cuda] tests, then load time, host RSS, first-token
 #                                       latency of unseen prompt lengths and greedy vs sampled
 #                                       decode through the C API (Qwen3-8B, 0.6B; c_api_bench)
@@ -22,12 +27,12 @@ echo "== build"
 t0=$(date +%s)
 cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests xserv_logits_dump generate_bench tokenizer_bench c_api_bench \
+  cmake --build /tmp/b -j16 --target xserv_cuda_tests xserv_logits_dump generate_bench tokenizer_bench c_api_bench serve_bench \
     >>"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
 bin=/tmp/b/bin
 mkdir -p $bin
-cp /tmp/b/tests/cuda/xserv_cuda_tests $bin/xserv_tests && cp /tmp/b/bench/generate_bench /tmp/b/bench/c_api_bench $bin/
+cp /tmp/b/tests/cuda/xserv_cuda_tests $bin/xserv_tests && cp /tmp/b/bench/generate_bench /tmp/b/bench/c_api_bench /tmp/b/bench/serve_bench $bin/
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 tools=$root/.devdeps/tools
 
@@ -93,6 +98,25 @@ if [ "$stage" = check ]; then
   }" | tee "$OUT/bench_small.txt"
   echo "== transformers"
   timeout 60 python3 "$tools/hf_baseline.py" /tmp/models/gpt2 float32 "$OUT/hf_gpt2.json" 1 2>&1 | grep -v Warn | tail -2
+elif [ "$stage" = tests ]; then
+  run_cuda_tests 200
+  sanitize "cuda sample*" sanitizer.txt
+elif [ "$stage" = serve ]; then
+  run_cuda_tests 200
+  checkpoints qwen3-1.7b qwen3-8b
+  serve() { timeout "$1" "$bin/serve_bench" --device cuda "${@:2}" 2>&1; }
+  {
+    echo "== serve_bench Qwen3-8B, 128+128, all at once"
+    serve 150 -m /tmp/models/qwen3-8b --concurrency 1,16,64,128 --max-batch-tokens 2048
+    echo "== serve_bench Qwen3-8B, Poisson arrivals"
+    serve 90 -m /tmp/models/qwen3-8b --poisson 40 --requests 256 --max-batch-tokens 2048
+    echo "== serve_bench Qwen3-8B, 256 requests sharing a 1024-token prefix"
+    serve 120 -m /tmp/models/qwen3-8b --shared-prefix 1024 --requests 256 --max-batch-tokens 2048
+    echo "== serve_bench Qwen3-1.7B, 128+128, all at once"
+    serve 90 -m /tmp/models/qwen3-1.7b --concurrency 16,64,128 --max-batch-tokens 2048
+    echo "== c_api_bench Qwen3-8B"
+    timeout 60 "$bin/c_api_bench" -m /tmp/models/qwen3-8b --device cuda --lengths 1,6,32,100
+  } | tee "$OUT/serve.txt"
 elif [ "$stage" = latency ]; then
   run_cuda_tests 150
   checkpoints qwen3-0.6b qwen3-8b

@@ -9,7 +9,8 @@
 #                                              and its log in build/fuzz/logs/<t>.log (the runs
 #                                              docs/fuzzing.md records; use `nice -n 19`)
 #   scripts/fuzz.sh build                      only build the targets
-# A crash, sanitizer report, leak, timeout (-timeout=10 s per input) or memory past 2 GB fails
+# A crash, sanitizer report, leak, timeout (-timeout=25 s per input: generous, since a starved
+# machine stretches ASan's own bookkeeping; a real hang still trips it) or memory past 2 GB fails
 # the run; the input that did it is saved as build/fuzz/artifacts/<target>-crash-<sha1>, and
 # `build/fuzz/tests/fuzz/fuzz_<target> <file>` replays it.
 set -euo pipefail
@@ -27,7 +28,7 @@ seconds=${1:-}
 [ $# -gt 0 ] && shift
 [ $# -gt 0 ] && targets=("$@")
 mkdir -p "$build/artifacts" "$build/logs"
-common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+common=(-timeout=25 -rss_limit_mb=2048 -print_final_stats=1)
 
 # run_target TARGET SECONDS WORK_CORPUS LOG: new inputs go to WORK_CORPUS; the committed corpus
 # is read only.

@@ -202,6 +202,9 @@ class Backend {
   // Whether run_graph records and replays (true for CUDA): callers then gain from keeping the
   // number of distinct keys small, e.g. by padding decode batches to a few sizes.
   virtual bool records_graphs() const noexcept { return false; }
+  // How many recordings run_graph holds now (0 when it records none): lets tests check that
+  // replays stay in use as batches change instead of one recording per step.
+  virtual std::size_t recorded_graphs() const noexcept { return 0; }
 };
 
 // Creates the backend for a device kind. Throws Error(unsupported) for CUDA when xserv was

@@ -33,8 +33,10 @@ std::optional<std::int64_t> get_int(simdjson::dom::object obj, std::string_view 
   std::uint64_t u = 0;
   if (e.get_uint64().get(u) == simdjson::SUCCESS) wrong_type(source, key, "an integer in range");
   double d = 0;  // 1.0 written by some exporters for an integer field
-  if (e.get_double().get(d) == simdjson::SUCCESS && d == static_cast<double>(static_cast<std::int64_t>(d)) &&
-      d > -9.0e18 && d < 9.0e18)
+  // The range check comes first: converting a double outside int64's range (1e28) is undefined
+  // behaviour (found by tests/fuzz/fuzz_config).
+  if (e.get_double().get(d) == simdjson::SUCCESS && d > -9.0e18 && d < 9.0e18 &&
+      d == static_cast<double>(static_cast<std::int64_t>(d)))
     return static_cast<std::int64_t>(d);
   wrong_type(source, key, "an integer");
 }

@@ -1,5 +1,8 @@
 #include "io/model_config.hpp"
 
+#include <cmath>
+#include <limits>
+
 #include "core/error.hpp"
 #include "core/mapped_file.hpp"
 #include "io/json.hpp"
@@ -51,6 +54,16 @@ struct Reader {
   }
 };
 
+// A float field: a double outside float's range (1e300) would make the conversion undefined,
+// so it is refused here; validate() then checks the value's meaning.
+float checked_float(std::optional<double> v, double fallback, std::string_view key,
+                    const std::string& source) {
+  const double d = v.value_or(fallback);
+  XSERV_CHECK(std::isfinite(d) && std::fabs(d) <= std::numeric_limits<float>::max(),
+              ErrorCode::format, "{}: field '{}' = {} is out of range", source, key, d);
+  return static_cast<float>(d);
+}
+
 void parse_gpt2(const Reader& r, ModelConfig& c) {
   c.arch = ModelArch::gpt2;
   c.vocab_size = r.required_int("vocab_size");
@@ -64,7 +77,8 @@ void parse_gpt2(const Reader& r, ModelConfig& c) {
   XSERV_CHECK(n_pos.has_value(), ErrorCode::format, "{}: required field 'n_positions' (or 'n_ctx') is missing", r.source);
   c.max_position_embeddings = *n_pos;
   c.intermediate_size = r.optional_int("n_inner").value_or(4 * c.hidden_size);
-  c.norm_eps = static_cast<float>(json::get_number(r.obj, "layer_norm_epsilon", r.source).value_or(1e-5));
+  c.norm_eps = checked_float(json::get_number(r.obj, "layer_norm_epsilon", r.source), 1e-5,
+                             "layer_norm_epsilon", r.source);
   c.activation = json::get_string(r.obj, "activation_function", r.source).value_or("gelu_new");
   XSERV_CHECK(c.activation == "gelu_new" || c.activation == "gelu_pytorch_tanh" ||
                   c.activation == "gelu_fast",
@@ -86,7 +100,8 @@ void parse_qwen3(const Reader& r, ModelConfig& c) {
   // head_dim as given: Qwen3-0.6B has hidden 1024 over 16 heads but head_dim 128.
   auto hd = r.optional_int("head_dim");
   c.head_dim = hd ? *hd : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-  c.norm_eps = static_cast<float>(json::get_number(r.obj, "rms_norm_eps", r.source).value_or(1e-6));
+  c.norm_eps = checked_float(json::get_number(r.obj, "rms_norm_eps", r.source), 1e-6,
+                             "rms_norm_eps", r.source);
   // Released checkpoints write rope_theta at the top level; transformers 5 writes it inside
   // rope_parameters. Accept both.
   std::optional<double> theta = json::get_number(r.obj, "rope_theta", r.source);
@@ -105,7 +120,7 @@ void parse_qwen3(const Reader& r, ModelConfig& c) {
     XSERV_CHECK(!type || *type == "default", ErrorCode::unsupported,
                 "{}: rope_scaling '{}' is not supported", r.source, type.value_or("?"));
   }
-  c.rope_theta = static_cast<float>(theta.value_or(10000.0));
+  c.rope_theta = checked_float(theta, 10000.0, "rope_theta", r.source);
   c.activation = json::get_string(r.obj, "hidden_act", r.source).value_or("silu");
   XSERV_CHECK(c.activation == "silu", ErrorCode::unsupported, "{}: hidden_act '{}' is not supported",
               r.source, c.activation);

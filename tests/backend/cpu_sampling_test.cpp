@@ -83,6 +83,39 @@ TEST_CASE("cpu greedy sampling takes the first maximum", "[cpu]") {
   REQUIRE(draw({0.0f, 0.0f, 0.0f}, greedy) == 0);
 }
 
+TEST_CASE("cpu argmax kernels give the first maximum on every instruction set", "[cpu]") {
+  // Against a scalar scan, exact (an index): odd lengths around the vector widths, ties placed
+  // in different lanes and in the tail, NaN that must never win.
+  std::mt19937 rng(11);
+  for (const auto* kt : cpu::supported_kernels()) {
+    for (std::int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1000, 50257}) {
+      INFO(kt->isa << " n=" << n);
+      std::uniform_int_distribution<int> level(-20, 20);  // few distinct values: many ties
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = static_cast<float>(level(rng)) * 0.25f;
+      auto first_max = [&] {
+        std::size_t best = 0;
+        for (std::size_t i = 1; i < x.size(); ++i)
+          if (x[i] > x[best]) best = i;
+        return static_cast<std::int64_t>(best);
+      };
+      REQUIRE(kt->argmax(x.data(), n) == first_max());
+      x[static_cast<std::size_t>(n - 1)] = 100.0f;  // the maximum in the tail / last lane
+      REQUIRE(kt->argmax(x.data(), n) == n - 1);
+      x[static_cast<std::size_t>(n / 2)] = 100.0f;  // a tie earlier wins
+      REQUIRE(kt->argmax(x.data(), n) == n / 2);
+      if (n > 1) {
+        x[0] = NAN;
+        x[static_cast<std::size_t>(n - 1)] = NAN;
+        REQUIRE(kt->argmax(x.data(), n) == n / 2);
+      }
+    }
+    const std::vector<float> all_nan(9, NAN), all_neg_inf(9, -INFINITY);
+    CHECK(kt->argmax(all_nan.data(), 9) == 0);
+    CHECK(kt->argmax(all_neg_inf.data(), 9) == 0);
+  }
+}
+
 TEST_CASE("cpu sampling penalties follow HF and OpenAI semantics", "[cpu]") {
   SamplingRow row;
   row.temperature = 0.0f;  // greedy returns right after the penalties: inspect the logits

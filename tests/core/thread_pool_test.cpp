@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <stdexcept>
@@ -104,4 +106,19 @@ TEST_CASE("ThreadPool fails cleanly when the system refuses a thread part-way", 
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 #endif
+}
+TEST_CASE("parallel_for from a busy caller still runs every chunk once", "[core][threads]") {
+  // Chunks are claimed dynamically: the caller may run them all before a worker wakes up, and a
+  // slow chunk must not make another one run twice. Many short loops back to back exercise the
+  // hand-off between loops (a late worker must never run a chunk of a finished loop).
+  ThreadPool pool(3);
+  for (int round = 0; round < 2000; ++round) {
+    const std::size_t n = 1 + static_cast<std::size_t>(round % 37);
+    std::vector<std::atomic<int>> hits(n);
+    pool.parallel_for(n, [&](std::size_t b, std::size_t e) {
+      if (round % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      for (std::size_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(hits[i] == 1);
+  }
 }

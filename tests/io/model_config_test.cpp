@@ -121,6 +121,10 @@ TEST_CASE("config: malformed or unsupported configs are clear errors", "[io][con
   fails(replace(kGpt2, R"("vocab_size": 50257)", R"("vocab_size": 18446744073709551615)"), ErrorCode::format, "vocab_size");
   fails(replace(kQwen3, R"("rms_norm_eps": 1e-06)", R"("rms_norm_eps": -1)"), ErrorCode::format, "epsilon");
   fails(replace(kQwen3, R"("rope_theta": 1000000)", R"("rope_theta": 0)"), ErrorCode::format, "rope_theta");
+  // Found by tests/fuzz/fuzz_config: doubles past int64 / float were converted before checking.
+  fails(replace(kGpt2, R"("n_positions": 1024)", R"("n_positions": 1E28)"), ErrorCode::format, "n_positions");
+  fails(replace(kQwen3, R"("rms_norm_eps": 1e-06)", R"("rms_norm_eps": 1e300)"), ErrorCode::format, "rms_norm_eps");
+  fails(replace(kQwen3, R"("rope_theta": 1000000)", R"("rope_theta": -1e39)"), ErrorCode::format, "rope_theta");
 }
 
 TEST_CASE("config: model_type may come from architectures", "[io][config]") {

@@ -72,15 +72,18 @@ class CpuBackend final : public Backend {
   std::vector<std::int32_t> batch_storage_;
 };
 
-// One row of sampling (logits modified in place): penalties, temperature, top-k, top-p, min-p,
-// then the inverse-CDF draw with sampling_uniform(row.seed, row.step) over the kept tokens in
-// descending probability order (ties: lower id first). Throws on a history id outside the vocab.
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
 // (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.
 float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,
                    std::int32_t* top_ids, float* top_logprobs);
+
+// One row of sampling (logits modified in place): penalties, temperature, top-k, top-p, min-p,
+// then the inverse-CDF draw with sampling_uniform(row.seed, row.step) over the kept tokens in
+// descending probability order (ties: lower id first). Throws on a history id outside the vocab.
+// Greedy rows take kernels.argmax (the first maximum).
 std::int32_t sample_row(std::span<float> logits, const SamplingRow& row,
                         std::span<const std::int32_t> prompt_tokens,
-                        std::span<const std::int32_t> output_tokens);
+                        std::span<const std::int32_t> output_tokens,
+                        const KernelTable& kernels = cpu::kernels());
 
 }  // namespace xserv::cpu

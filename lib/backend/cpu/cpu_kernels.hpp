@@ -66,6 +66,8 @@ struct KernelTable {
   void (*gelu)(float* x, std::int64_t n);
   // out = silu(g) * u.
   void (*silu_mul)(float* out, const float* g, const float* u, std::int64_t n);
+  // Index of the first maximum of x[0, n) (greedy sampling); NaN never wins, all NaN gives 0.
+  std::int64_t (*argmax)(const float* x, std::int64_t n);
 };
 
 namespace generic { extern const KernelTable table; }

@@ -1,7 +1,7 @@
 // Sampling, one logits row at a time (rows in parallel):
 //   1. penalties: HF repetition penalty over the set of prompt + output tokens (logit > 0 ? / p
 //      : * p), then OpenAI presence/frequency over output tokens with their counts;
-//   2. temperature <= 0: argmax, the first maximum on ties;
+//   2. temperature <= 0: argmax, the first maximum on ties (a vector kernel: NaN never wins);
 //   3. logits / temperature, softmax; tokens in descending probability order (ties: lower id);
 //   4. top-k, then top-p (HF: the smallest prefix whose mass reaches top_p of what top-k kept,
 //      at least one token), then min-p (keep p >= min_p * p_max);
@@ -71,19 +71,15 @@ void apply_penalties(std::span<float> logits, const SamplingRow& row,
 
 std::int32_t sample_row(std::span<float> logits, const SamplingRow& row,
                         std::span<const std::int32_t> prompt_tokens,
-                        std::span<const std::int32_t> output_tokens) {
+                        std::span<const std::int32_t> output_tokens, const KernelTable& kernels) {
   XSERV_CHECK(!logits.empty(), ErrorCode::invalid_argument, "sample: empty logits row");
   thread_local std::vector<std::int32_t> counts;
   thread_local std::vector<Candidate> cand;
   apply_penalties(logits, row, prompt_tokens, output_tokens, counts);
   const std::size_t vocab = logits.size();
 
-  if (!(row.temperature > 0.0f)) {
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < vocab; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return static_cast<std::int32_t>(best);
-  }
+  if (!(row.temperature > 0.0f))
+    return static_cast<std::int32_t>(kernels.argmax(logits.data(), static_cast<std::int64_t>(vocab)));
 
   float max_l = -INFINITY;
   for (float& l : logits) {
@@ -199,7 +195,7 @@ void CpuBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t
           std::span<float>(logits.as<float>() + static_cast<std::int64_t>(r) * vocab,
                            static_cast<std::size_t>(vocab)),
           params.rows[r], slice(params.prompt_tokens, params.prompt_start, r),
-          slice(params.output_tokens, params.output_start, r));
+          slice(params.output_tokens, params.output_start, r), *kernels_);
   });
 }
 

@@ -1,0 +1,104 @@
+// stream_read_bench: the streaming-read bandwidth ceiling of the cores this process may run on,
+// the number decode at batch 1 is held against (each token reads every weight once).
+//
+//   stream_read_bench [--threads N] [--mb SIZE] [--repeat R]
+//
+// N threads (default: every core in the affinity mask, so `taskset -c 0-7 stream_read_bench`
+// measures those 8 cores) each sum their own contiguous slice of one SIZE-MB buffer (default
+// 1024, far past any cache) with independent 16-byte vector accumulators; the buffer is written
+// once first so every page is resident. Prints the best GB/s (10^9 bytes) of R passes (default
+// 5), each pass timed from a common start to the last thread's end.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+typedef float v4 __attribute__((vector_size(16)));
+
+// Sum of floats [b, e) with 8 independent accumulators (the loads, not the adds, must bound it).
+float sum_slice(const float* p, std::size_t n) {
+  v4 acc[8] = {};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 8; ++j) {
+      v4 x;
+      std::memcpy(&x, p + i + 4 * j, sizeof x);
+      acc[j] += x;
+    }
+  float s = 0.0f;
+  for (auto& a : acc) s += a[0] + a[1] + a[2] + a[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+std::size_t cores_in_mask() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return std::thread::hardware_concurrency();
+  return static_cast<std::size_t>(CPU_COUNT(&set));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t threads = cores_in_mask(), mb = 1024;
+  int repeat = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const long v = std::atol(argv[i + 1]);
+    if (v <= 0) {
+      std::fprintf(stderr, "stream_read_bench: %s needs a positive number\n", a.c_str());
+      return 1;
+    }
+    if (a == "--threads") threads = static_cast<std::size_t>(v);
+    else if (a == "--mb") mb = static_cast<std::size_t>(v);
+    else if (a == "--repeat") repeat = static_cast<int>(v);
+    else {
+      std::fprintf(stderr, "usage: stream_read_bench [--threads N] [--mb SIZE] [--repeat R]\n");
+      return 1;
+    }
+  }
+  const std::size_t n = mb * (1u << 20) / sizeof(float);
+  std::vector<float> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023) * 1e-3f;
+
+  std::vector<float> sums(threads);
+  std::barrier start(static_cast<std::ptrdiff_t>(threads) + 1), end(static_cast<std::ptrdiff_t>(threads) + 1);
+  std::atomic<bool> quit{false};
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      const std::size_t b = n * t / threads, e = n * (t + 1) / threads;
+      for (;;) {
+        start.arrive_and_wait();
+        if (quit) return;
+        sums[t] += sum_slice(buf.data() + b, e - b);
+        end.arrive_and_wait();
+      }
+    });
+  double best = 0.0;
+  for (int r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    start.arrive_and_wait();
+    end.arrive_and_wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
+  }
+  quit = true;
+  start.arrive_and_wait();
+  for (auto& t : pool) t.join();
+  float check = 0.0f;
+  for (float s : sums) check += s;
+  std::printf("stream read: %zu threads, %zu MB, best of %d: %.1f GB/s (checksum %g)\n", threads,
+              mb, repeat, best, static_cast<double>(check));
+  return 0;
+}
