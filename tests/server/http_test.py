@@ -312,15 +312,16 @@ def test_queue_full(binary, model):
 
 
 def test_error_after_headers(binary, model):
-    """A request that cannot fit in the KV pool ends its stream with an error event and [DONE]."""
+    """A request that can never fit in the KV pool (the engine admits it, then fails it with an
+    event): streaming, the stream ends with an error event and [DONE]; not streaming, a 400."""
     s = Server(binary, model, "--kv-cache-tokens", "32")
     try:
         prompt = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east. " * 2
         st, events, done = s.stream("/v1/completions", {"prompt": prompt, "max_tokens": 8, "stream": True})
-        if st == 200:
-            check(done and "error" in events[-1] and events[-1]["error"]["message"], "error event, then [DONE]", events)
-        else:  # the engine may refuse it at submission: a plain error response
-            error_of(st, events, 400, "too large for the KV pool")
+        check(st == 200 and done, "stream of a failing request ends with [DONE]", events)
+        check("error" in events[-1] and events[-1]["error"]["message"], "then an error event", events)
+        error_of(*s.post("/v1/completions", {"prompt": prompt, "max_tokens": 8}), 400,
+                 "too large for the KV pool", code="context_length_exceeded")
         check(s.post("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 2})[0] == 200, "serves after it")
         check(s.stop() == 0, "clean exit", "".join(s.log[-30:]))
     finally:

@@ -20,6 +20,13 @@ class Server:
                                      text=True, env=env)
         self.log = []
         self.port = None
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, ready_timeout):
         deadline = time.time() + ready_timeout
         while self.port is None:
             line = self.proc.stderr.readline()
