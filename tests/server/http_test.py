@@ -265,9 +265,10 @@ def test_disconnect(s):
 
 
 def test_api_key(binary, model):
-    s = Server(binary, model, "--api-key", "sekrit", "--model-name", "bard")
+    s = Server(binary, model, "--api-key", "sekrit", "--model-name", "bard", "--no-chat-page", "--verbose")
     try:
         check(s.get("/health")[0] == 200, "health needs no key")
+        error_of(*s.get("/"), 404, "--no-chat-page")
         error_of(*s.get("/v1/models"), 401, "missing key", code="invalid_api_key")
         error_of(*s.get("/v1/models", {"Authorization": "Bearer nope"}), 401, "wrong key", code="invalid_api_key")
         st, b = s.get("/v1/models", {"Authorization": "Bearer sekrit"})
@@ -277,6 +278,7 @@ def test_api_key(binary, model):
         check(st == 200 and b["model"] == "bard", "chat with key", b)
     finally:
         check(s.stop() == 0, "clean exit on SIGTERM", "".join(s.log))
+    check(any("POST /v1/chat/completions -> 200" in line for line in s.log), "--verbose logs requests", s.log)
 
 
 def test_queue_full(binary, model):
