@@ -124,7 +124,7 @@ void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expe
 
 }  // namespace
 
-TEST_CASE("cuda engine: staggered requests equal each alone (f32 GPT-2 and Qwen3; bf16 deterministic)", "[cuda]") {
+TEST_CASE("cuda engine: staggered requests equal each alone (f32 GPT-2 and Qwen3, bf16 deterministic)", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   for (const char* name : {"tiny-gpt2", "tiny-qwen3"})
     check_equal_alone(std::string(XSERV_TEST_DATA_DIR "/models/") + name, 4096, false, true);
