@@ -58,7 +58,7 @@ if [ ! -f "$model/model.safetensors" ]; then  # built but not run
   pkgconfig_cmds=$(printf '%s\n' "$pkgconfig_cmds" | grep -v '^\./generate')
 fi
 # shellcheck disable=SC2016
-(cd "$work" && env -u LD_LIBRARY_PATH CC_BIN=$cc CFLAGS_ALL=$cflags LDFLAGS_ALL=$ldflags bash -euo pipefail -c '
+(cd "$work" && env -u LD_LIBRARY_PATH CC_BIN="$cc" CFLAGS_ALL="$cflags" LDFLAGS_ALL="$ldflags" bash -euo pipefail -c '
   cc() { "$CC_BIN" -Wall -Wextra -pedantic -Werror $CFLAGS_ALL "$@" $LDFLAGS_ALL; }
   '"$pkgconfig_cmds")
 # The library was found through the rpath alone (no LD_LIBRARY_PATH above, no ldconfig).
