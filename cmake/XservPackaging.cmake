@@ -48,6 +48,12 @@ endif()
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME xserv-tools)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION utils)
+# xserv-server links libxserv.so.0 (xserv-cli links the internals statically): dpkg-shlibdeps
+# finds it in the build tree, and the package depends on libxserv0 of the same version.
+if(XSERV_BUILD_SHARED)
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${PROJECT_BINARY_DIR}/capi)  # libxserv.so.0
+  set(CPACK_COMPONENT_TOOLS_DEPENDS runtime)
+endif()
 set(CPACK_COMPONENT_TOOLS_DESCRIPTION
     "xserv command-line tools\n xserv-cli (generate, chat, tokenize, detokenize) and, when built, the\n xserv-server HTTP server.")
 

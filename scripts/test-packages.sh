@@ -4,7 +4,8 @@
 # `apt-get install ./*.deb` (apt resolves their Debian dependencies), then build
 # examples/consumer through find_package(xserv) and examples/c/generate.c through pkg-config
 # against the installed files only, run both and xserv-cli on the embedded model, and remove
-# the packages again (also on failure).
+# the packages again (also on failure). xserv-server, when built, must be in xserv-tools and
+# find its libraries (libxserv.so.0 from libxserv0).
 # It changes the system (installs into /usr), so it runs only as root with apt-get present; else
 # it says so and exits 0 (scripts/test.sh runs it; CI runs as root).
 # Usage: scripts/test-packages.sh [BUILD_DIR]     (default build/packages)
@@ -37,6 +38,12 @@ for p in "${packages[@]}"; do
 done
 dpkg-deb -c "$build"/packages/libxserv0_*.deb | grep -q 'libxserv\.so\.0 ->' ||
   { echo "libxserv0 lacks libxserv.so.0"; exit 1; }
+server=no
+if [ -f "$build/examples/server/xserv-server" ]; then  # built when its dependencies are there
+  server=yes
+  dpkg-deb -c "$build"/packages/xserv-tools_*.deb | grep -q 'usr/bin/xserv-server$' ||
+    { echo "xserv-tools lacks xserv-server"; exit 1; }
+fi
 
 work=$(mktemp -d /tmp/xserv-packages-test.XXXXXX)
 apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q "$@"; }
@@ -53,6 +60,9 @@ echo "== installed files"
 test -f /usr/include/xserv.h
 test -f /usr/include/xserv/xserv.hpp
 xserv-cli --version
+if [ $server = yes ] && ldd /usr/bin/xserv-server | grep -q 'not found'; then
+  echo "xserv-server misses a library:"; ldd /usr/bin/xserv-server; exit 1
+fi
 model=$src/examples/models/shakespeare
 
 echo "== find_package(xserv) consumer against the package"
