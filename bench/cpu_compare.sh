@@ -2,7 +2,8 @@
 # The CPU backend on the GPU machine's CPU (issue 16): GPT-2 124M f32, Qwen3-0.6B bf16 and
 # Qwen3-1.7B bf16 at 2, 8 and 16 threads pinned with taskset (cores 0..N-1), prompt 128 then 32
 # generated (generate_bench --device cpu, greedy), next to the streaming-read ceiling of the same
-# cores (stream_read_bench). Writes a markdown table to OUT_FILE and prints it. About 3-4 minutes
+# cores (stream_read_bench, best of 10 passes over 1 GB). Writes a markdown table to OUT_FILE and
+# prints it. About 3-4 minutes
 # on 16 cores, build included.
 #
 #   bench/cpu_compare.sh [OUT_FILE]            (from the repository root)
@@ -59,7 +60,7 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 declare -A stream
 for n in $threads; do
   cores="0-$((n - 1))"
-  stream[$n]=$(taskset -c "$cores" "$build/bench/stream_read_bench" --threads "$n" --mb 2048 --repeat 5 |
+  stream[$n]=$(taskset -c "$cores" "$build/bench/stream_read_bench" --threads "$n" --mb 1024 --repeat 10 |
                sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p')
 done
 for model in $names; do
