@@ -3,8 +3,7 @@
 # Qwen3-1.7B bf16 at 2, 8 and 16 threads pinned with taskset (cores 0..N-1), prompt 128 then 32
 # generated (generate_bench --device cpu, greedy), next to the streaming-read ceiling of the same
 # cores (stream_read_bench, best of 10 passes over 1 GB). Writes a markdown table to OUT_FILE and
-# prints it. About 3-4 minutes
-# on 16 cores, build included.
+# prints it. About 3-4 minutes on 16 cores, build included.
 #
 #   bench/cpu_compare.sh [OUT_FILE]            (from the repository root)
 #
