@@ -16,7 +16,8 @@ set -uo pipefail
 out=${1:-${OUT:-/tmp/out}/cpu_compare.md}
 build=${BUILD:-/tmp/bcpu}
 models=${MODELS:-/tmp/models}
-threads=${THREADS:-"2 8 16"}
+threads=""
+for n in ${THREADS:-2 8 16}; do [ "$n" -le "$(nproc)" ] && threads="$threads $n"; done  # cores there are
 names=${MODEL_NAMES:-"gpt2 qwen3-0.6b qwen3-1.7b"}
 mkdir -p "$(dirname "$out")"
 root=$(pwd)
