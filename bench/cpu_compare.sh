@@ -69,11 +69,17 @@ for model in $names; do
     cores="0-$((n - 1))"
     repeat=2
     [ "$n" -le 2 ] && [ "$model" != gpt2 ] && repeat=1
-    log=$(taskset -c "$cores" "$build/bench/generate_bench" $args --device cpu --threads "$n" \
-            --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
+    # stdbuf: the lines printed before a crash or a hang still reach the log; rc says which
+    # (124: the 240 s timeout, 128 + N: signal N).
+    log=$(timeout 240 taskset -c "$cores" stdbuf -oL "$build/bench/generate_bench" $args --device cpu \
+            --threads "$n" --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
+    rc=$?
     row=$(echo "$log" | grep '^| 1 |')
     mb=$(echo "$log" | sed -n 's/.*, \([0-9.]*\) MB).*/\1/p')
-    if [ -z "$row" ]; then echo "| $model | $n | failed: $(echo "$log" | tail -1) |" | tee -a "$out"; continue; fi
+    if [ -z "$row" ]; then
+      echo "| $model | $n | failed (exit $rc): $(echo "$log" | tail -2 | tr '\n|' '  ') |" | tee -a "$out"
+      continue
+    fi
     prefill=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$3); print $3}')
     decode=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$4); print $4}')
     awk -v m="$model" -v n="$n" -v p="$prefill" -v d="$decode" -v mb="$mb" -v s="${stream[$n]}" 'BEGIN {
