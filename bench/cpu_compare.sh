@@ -2,8 +2,8 @@
 # The CPU backend on the GPU machine's CPU (issue 16): GPT-2 124M f32, Qwen3-0.6B bf16 and
 # Qwen3-1.7B bf16 at 2, 8 and 16 threads pinned with taskset (cores 0..N-1), prompt 128 then 32
 # generated (generate_bench --device cpu, greedy), next to the streaming-read ceiling of the same
-# cores (stream_read_bench). Writes a markdown table to OUT_FILE and prints it. About 3-4 minutes
-# on 16 cores, build included.
+# cores (stream_read_bench, best of 10 passes over 1 GB). Writes a markdown table to OUT_FILE and
+# prints it. About 3-4 minutes on 16 cores, build included.
 #
 #   bench/cpu_compare.sh [OUT_FILE]            (from the repository root)
 #
@@ -16,7 +16,8 @@ set -uo pipefail
 out=${1:-${OUT:-/tmp/out}/cpu_compare.md}
 build=${BUILD:-/tmp/bcpu}
 models=${MODELS:-/tmp/models}
-threads=${THREADS:-"2 8 16"}
+threads=""
+for n in ${THREADS:-2 8 16}; do [ "$n" -le "$(nproc)" ] && threads="$threads $n"; done  # cores there are
 names=${MODEL_NAMES:-"gpt2 qwen3-0.6b qwen3-1.7b"}
 mkdir -p "$(dirname "$out")"
 root=$(pwd)
@@ -59,7 +60,7 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 declare -A stream
 for n in $threads; do
   cores="0-$((n - 1))"
-  stream[$n]=$(taskset -c "$cores" "$build/bench/stream_read_bench" --threads "$n" --mb 2048 --repeat 5 |
+  stream[$n]=$(taskset -c "$cores" "$build/bench/stream_read_bench" --threads "$n" --mb 1024 --repeat 10 |
                sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p')
 done
 for model in $names; do
@@ -68,11 +69,17 @@ for model in $names; do
     cores="0-$((n - 1))"
     repeat=2
     [ "$n" -le 2 ] && [ "$model" != gpt2 ] && repeat=1
-    log=$(taskset -c "$cores" "$build/bench/generate_bench" $args --device cpu --threads "$n" \
-            --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
+    # stdbuf: the lines printed before a crash or a hang still reach the log; rc says which
+    # (124: the 240 s timeout, 128 + N: signal N).
+    log=$(timeout 240 taskset -c "$cores" stdbuf -oL "$build/bench/generate_bench" $args --device cpu \
+            --threads "$n" --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
+    rc=$?
     row=$(echo "$log" | grep '^| 1 |')
     mb=$(echo "$log" | sed -n 's/.*, \([0-9.]*\) MB).*/\1/p')
-    if [ -z "$row" ]; then echo "| $model | $n | failed: $(echo "$log" | tail -1) |" | tee -a "$out"; continue; fi
+    if [ -z "$row" ]; then
+      echo "| $model | $n | failed (exit $rc): $(echo "$log" | tail -2 | tr '\n|' '  ') |" | tee -a "$out"
+      continue
+    fi
     prefill=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$3); print $3}')
     decode=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$4); print $4}')
     awk -v m="$model" -v n="$n" -v p="$prefill" -v d="$decode" -v mb="$mb" -v s="${stream[$n]}" 'BEGIN {
