@@ -162,6 +162,16 @@ std::vector<std::int32_t> random_ids(std::mt19937_64& rng, std::int32_t n, std::
   return ids;
 }
 
+// Page faults of a fresh KV pool, graph recordings: a few short requests before timing.
+void warm_up(Engine& engine, std::mt19937_64& rng, std::int32_t prompt_len, std::int32_t vocab) {
+  std::vector<Arrival> warm(4);
+  for (auto& a : warm) {
+    a.prompt = random_ids(rng, prompt_len, vocab);
+    a.gen_len = 8;
+  }
+  run(engine, warm);
+}
+
 void print(const char* workload, const Result& r) {
   std::printf("| %s | %.0f | %.1f / %.1f | %.2f / %.2f | %.2f | %llu |\n", workload, r.tok_s,
               r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99, r.stats.prefix_hit_rate(),
@@ -209,6 +219,7 @@ int main(int argc, char** argv) try {
       EngineOptions e = eo;
       e.prefix_cache = cache;
       Engine engine(*model, nullptr, e);
+      warm_up(engine, rng, o.prompt_len, vocab);
       const Result r = run(engine, arrivals);
       const std::string name = std::to_string(n) + " sharing " + std::to_string(o.shared_prefix) +
                                (cache ? " (cache on)" : " (cache off)");
@@ -216,14 +227,7 @@ int main(int argc, char** argv) try {
     }
   } else {
     Engine engine(*model, nullptr, eo);
-    {  // warm-up: page faults, graph recordings
-      std::vector<Arrival> warm(4);
-      for (auto& a : warm) {
-        a.prompt = random_ids(rng, o.prompt_len, vocab);
-        a.gen_len = 8;
-      }
-      run(engine, warm);
-    }
+    warm_up(engine, rng, o.prompt_len, vocab);
     if (o.poisson_rate > 0) {
       const std::int32_t n = o.requests > 0 ? o.requests : 256;
       std::exponential_distribution<double> gap(o.poisson_rate);
