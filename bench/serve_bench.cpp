@@ -12,7 +12,9 @@
 // - --shared-prefix P: --requests requests of a common P-token prefix plus a 64-token
 //   question, 64 out, run with the prefix cache on and then off (the hit rate is printed).
 // Reported: output tok/s (generated tokens / wall time from first submit to last token), TTFT
-// (submit to first token) and inter-token latency (gaps between a request's tokens), p50/p99.
+// (submit to first token) and inter-token latency (gaps between a request's tokens), p50/p99,
+// and the engine's step time split into host work (schedule, batch building, outputs, event
+// callbacks) and the forward (upload, model, sampling, the wait for the ids), per step.
 // The engine is stepped from this thread; timestamps are taken in the event callbacks.
 #include <algorithm>
 #include <charconv>
@@ -153,6 +155,9 @@ Result run(Engine& engine, const std::vector<Arrival>& arrivals) {
   res.stats.prefix_queries -= before.prefix_queries;
   res.stats.prefix_hits -= before.prefix_hits;
   res.stats.preemptions -= before.preemptions;
+  res.stats.steps -= before.steps;
+  res.stats.host_seconds -= before.host_seconds;
+  res.stats.forward_seconds -= before.forward_seconds;
   return res;
 }
 
@@ -173,9 +178,11 @@ void warm_up(Engine& engine, std::mt19937_64& rng, std::int32_t prompt_len, std:
 }
 
 void print(const char* workload, const Result& r) {
-  std::printf("| %s | %.0f | %.1f / %.1f | %.2f / %.2f | %.2f | %llu |\n", workload, r.tok_s,
-              r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99, r.stats.prefix_hit_rate(),
-              static_cast<unsigned long long>(r.stats.preemptions));
+  const double steps = r.stats.steps > 0 ? static_cast<double>(r.stats.steps) : 1.0;
+  std::printf("| %s | %.0f | %.1f / %.1f | %.2f / %.2f | %.2f | %llu | %.2f / %.2f |\n", workload,
+              r.tok_s, r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99, r.stats.prefix_hit_rate(),
+              static_cast<unsigned long long>(r.stats.preemptions),
+              1e3 * r.stats.host_seconds / steps, 1e3 * r.stats.forward_seconds / steps);
   std::fflush(stdout);
 }
 
@@ -201,8 +208,8 @@ int main(int argc, char** argv) try {
   std::printf("model: %s on %s, max_batch_tokens %d\n\n",
               o.model.empty() ? o.config.c_str() : o.model.c_str(), backend->name().c_str(),
               model->max_batch_tokens());
-  std::printf("| workload | output tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | prefix hit rate | preemptions |\n");
-  std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("| workload | output tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | prefix hit rate | preemptions | host / forward ms per step |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::mt19937_64 rng(42);
 
   if (o.shared_prefix > 0) {

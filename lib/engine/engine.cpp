@@ -1,6 +1,7 @@
 #include "engine/engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -203,6 +204,8 @@ void Engine::publish_stats() {
   s.steps = steps_;
   s.prompt_tokens = prompt_tokens_;
   s.generated_tokens = generated_tokens_;
+  s.host_seconds = host_seconds_;
+  s.forward_seconds = forward_seconds_;
   std::lock_guard lock(stats_mutex_);
   stats_ = s;
 }
@@ -336,6 +339,8 @@ std::size_t Engine::step() {
 
 std::size_t Engine::step_locked() {
   std::lock_guard step_lock(step_mutex_);  // a second stepping thread waits instead of racing
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   std::vector<EngineEvent> events;
   std::vector<EventCallback*> sinks;
   take_inbox(events, sinks);
@@ -352,6 +357,7 @@ std::size_t Engine::step_locked() {
   if (out.empty()) return deliver(events, sinks);
 
   std::vector<SampledToken> sampled;
+  const auto forward_start = Clock::now();
   try {
     sampled = runner_->execute(out);
   } catch (const Error& e) {
@@ -367,6 +373,8 @@ std::size_t Engine::step_locked() {
     deliver(events, sinks);
     throw;
   }
+  const double forward = std::chrono::duration<double>(Clock::now() - forward_start).count() -
+                        runner_->last_host_seconds();
   scheduler_->update(out);
   ++steps_;
   prompt_tokens_ += static_cast<std::uint64_t>(out.num_prompt_tokens);
@@ -395,7 +403,12 @@ std::size_t Engine::step_locked() {
       sinks.push_back(r.req.on_event ? &r.req.on_event : nullptr);
     }
   }
-  return deliver(events, sinks);
+  forward_seconds_ += forward;
+  const std::size_t n = deliver(events, sinks);
+  // The host share includes the delivery of this step's events (callbacks included).
+  host_seconds_ += std::chrono::duration<double>(Clock::now() - start).count() - forward;
+  publish_stats();
+  return n;
 }
 
 void Engine::background_loop() {

@@ -68,6 +68,10 @@ struct EngineStats {
   std::uint64_t steps = 0;
   std::uint64_t prompt_tokens = 0;     // prompt positions computed (cache hits not counted)
   std::uint64_t generated_tokens = 0;
+  // Wall time of the steps, split: host work (schedule, batch building, outputs and event
+  // delivery) and the forward (upload, model, sampling, the wait for the ids).
+  double host_seconds = 0;
+  double forward_seconds = 0;
   double prefix_hit_rate() const noexcept {
     return prefix_queries ? static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries) : 0.0;
   }
@@ -131,6 +135,7 @@ class Engine {
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::uint64_t arrivals_ = 0;
   std::uint64_t steps_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0;
+  double host_seconds_ = 0, forward_seconds_ = 0;
   // Callbacks of requests that ended in this step, kept alive until their events are delivered.
   std::vector<std::unique_ptr<Request>> retired_;
 

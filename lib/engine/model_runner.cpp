@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 
 #include "core/error.hpp"
@@ -136,11 +137,14 @@ void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out
 std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   Backend& backend = model_.backend();
   std::lock_guard lock(model_.forward_mutex());  // the model's workspace holds the logits
+  const auto t0 = std::chrono::steady_clock::now();
   build_batch(out);
   build_sampling(out);
   const std::size_t rows = sampling_.rows.size();
   const bool decode_only = out.decode_only();
   if (decode_only && pad_) pad_batch();
+  last_host_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const DeviceBatch device_batch = backend.upload_batch(batch_);
   Tensor logits;

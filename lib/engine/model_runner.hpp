@@ -40,6 +40,10 @@ class ModelRunner {
   // One entry per sampling chunk of `out`, in chunk order. Throws what the forward throws.
   std::vector<SampledToken> execute(const SchedulerOutput& out);
 
+  // Seconds the last execute() spent building the batch and sampling inputs on the host (the
+  // rest of it is the upload, the forward, sampling and the wait for the ids).
+  double last_host_seconds() const noexcept { return last_host_seconds_; }
+
   // The padded size of a decode step of n sequences: 1, 2, 4, then multiples of 8.
   static std::int32_t padded_decode_size(std::int32_t n) noexcept;
 
@@ -62,6 +66,7 @@ class ModelRunner {
   SamplingBatch sampling_;
   std::vector<std::int32_t> ids_;
   Buffer raw_logits_;  // a copy of the logits before sampling changes them (logprobs only)
+  double last_host_seconds_ = 0;
 };
 
 }  // namespace xserv
