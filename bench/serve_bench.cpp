@@ -4,7 +4,8 @@
 //   serve_bench (-m DIR | --dummy-weights --config FILE.json) [--device cpu|cuda]
 //               [--concurrency N[,N...]] [--poisson RATE --requests N]
 //               [--prompt-len 128] [--gen-len 128] [--shared-prefix 1024 --requests 256]
-//               [--max-batch-tokens T] [--kv-cache-tokens K] [--gpu-memory-fraction F]
+//               [--max-batch-tokens T] [--max-prefill-tokens P] [--kv-cache-tokens K]
+//               [--gpu-memory-fraction F]
 //
 // Workloads (random prompt ids, greedy, eos ignored, so every request runs gen-len tokens):
 // - all at once: for each N of --concurrency, N requests submitted before the first step;
@@ -44,7 +45,7 @@ struct Options {
   double poisson_rate = 0;
   std::int32_t requests = 0;
   std::int32_t prompt_len = 128, gen_len = 128, shared_prefix = 0;
-  std::int32_t max_batch_tokens = 0;
+  std::int32_t max_batch_tokens = 0, max_prefill_tokens = 0;
   std::int64_t kv_cache_tokens = 0;
   float gpu_memory_fraction = 0.9f;
 };
@@ -66,6 +67,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--requests") o.requests = number<std::int32_t>(value());
     else if (a == "--shared-prefix") o.shared_prefix = number<std::int32_t>(value());
     else if (a == "--max-batch-tokens") o.max_batch_tokens = number<std::int32_t>(value());
+    else if (a == "--max-prefill-tokens") o.max_prefill_tokens = number<std::int32_t>(value());
     else if (a == "--kv-cache-tokens") o.kv_cache_tokens = number<std::int64_t>(value());
     else if (a == "--gpu-memory-fraction") o.gpu_memory_fraction = std::stof(value());
     else if (a == "--poisson") o.poisson_rate = std::stod(value());
@@ -204,6 +206,7 @@ int main(int argc, char** argv) try {
 
   EngineOptions eo;
   eo.kv_cache_tokens = o.kv_cache_tokens;
+  eo.max_prefill_tokens = o.max_prefill_tokens;
   eo.gpu_memory_fraction = o.gpu_memory_fraction;
   std::printf("model: %s on %s, max_batch_tokens %d\n\n",
               o.model.empty() ? o.config.c_str() : o.model.c_str(), backend->name().c_str(),

@@ -552,6 +552,7 @@ xserv_engine_params engine_defaults() {
   p.prefix_cache = o.prefix_cache;
   p.max_waiting = o.max_waiting;
   p.background_thread = o.background_thread;
+  p.max_prefill_tokens = o.max_prefill_tokens;
   return p;
 }
 
@@ -654,6 +655,7 @@ xserv_status xserv_engine_create(xserv_model* model, const xserv_engine_params* 
     o.prefix_cache = p.prefix_cache;
     o.max_waiting = p.max_waiting;
     o.background_thread = p.background_thread;
+    o.max_prefill_tokens = p.max_prefill_tokens;
     auto e = std::make_unique<xserv_engine>();
     e->model = model;
     e->engine = std::make_unique<xserv::Engine>(*model->model, model->tokenizer.get(), o);

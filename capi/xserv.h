@@ -344,6 +344,10 @@ typedef struct xserv_engine_params {
   bool prefix_cache;          /* reuse the KV of shared prompt prefixes; default true */
   int32_t max_waiting;        /* queued requests at most (submit: RESOURCE_EXHAUSTED); 0 = no limit */
   bool background_thread;     /* step on an engine thread; default false */
+  /* Prompt-chunk tokens per step at most (single-token decodes never count), bounding how long
+   * a step with decodes in it may take while long prompts are prefilled; 0 (default) = only
+   * max_batch_tokens limits them. */
+  int32_t max_prefill_tokens;
 } xserv_engine_params;
 
 /* The defaults (see each field), struct_size set. Thread-safe. */

@@ -73,6 +73,8 @@ void validate(const EngineOptions& o) {
               o.max_seqs);
   XSERV_CHECK(o.max_batch_tokens >= 0, ErrorCode::invalid_argument,
               "engine: max_batch_tokens = {} (expected >= 0)", o.max_batch_tokens);
+  XSERV_CHECK(o.max_prefill_tokens >= 0, ErrorCode::invalid_argument,
+              "engine: max_prefill_tokens = {} (expected >= 0)", o.max_prefill_tokens);
   XSERV_CHECK(o.kv_cache_tokens >= 0, ErrorCode::invalid_argument,
               "engine: kv_cache_tokens = {} (expected >= 0)", o.kv_cache_tokens);
   XSERV_CHECK(std::isfinite(o.gpu_memory_fraction) && o.gpu_memory_fraction > 0.0f &&
@@ -100,7 +102,8 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       model.backend(), model.kv_spec(),
       kv::KvCacheOptions{options_.block_size, blocks, 0, options_.prefix_cache});
   scheduler_ = std::make_unique<Scheduler>(
-      cache_->blocks(), SchedulerConfig{options_.max_seqs, options_.max_batch_tokens});
+      cache_->blocks(), SchedulerConfig{options_.max_seqs, options_.max_batch_tokens,
+                                        options_.max_prefill_tokens});
   runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
   publish_stats();
   if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });

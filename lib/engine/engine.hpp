@@ -42,6 +42,7 @@ struct EngineOptions {
   std::int32_t max_seqs = 256;          // sequences in the batch at most (capped at the model's
                                         // logits rows)
   std::int32_t max_batch_tokens = 0;    // tokens per step; 0 (or more than the model's): the model's
+  std::int32_t max_prefill_tokens = 0;  // prompt-chunk tokens per step (SchedulerConfig); 0: no cap
   // KV pool, taken once: kv_cache_tokens > 0 sets it in tokens; else CUDA takes
   // gpu_memory_fraction of the free device memory, and the CPU kv_cache_bytes (0: max_seqs full
   // contexts, at most a quarter of the RAM).

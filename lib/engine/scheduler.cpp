@@ -128,9 +128,20 @@ void Scheduler::take_cached_prefix(Sequence& s) {
   }
 }
 
-bool Scheduler::admit(Sequence& s, std::int32_t budget, ScheduledChunk& chunk) {
-  take_cached_prefix(s);
+std::int32_t Scheduler::chunk_size(const Sequence& s, std::int32_t budget,
+                                   std::int32_t prefill_left) {
   const std::int32_t n = std::min(s.pending(), budget);
+  return n > 1 ? std::min(n, prefill_left) : n;  // a single token (a decode) is never capped
+}
+
+bool Scheduler::admit(Sequence& s, std::int32_t budget, std::int32_t prefill_left,
+                      ScheduledChunk& chunk) {
+  take_cached_prefix(s);
+  const std::int32_t n = chunk_size(s, budget, prefill_left);
+  if (n <= 0) {
+    release_blocks(s);
+    return false;
+  }
   const std::int32_t need = blocks_for(s.num_computed + n) - static_cast<std::int32_t>(s.blocks.size());
   if (need > pool_.num_free()) {
     release_blocks(s);  // the hits stay cached; they are found again next time
@@ -144,19 +155,22 @@ bool Scheduler::admit(Sequence& s, std::int32_t budget, ScheduledChunk& chunk) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   std::int32_t budget = config_.max_batch_tokens;
+  std::int32_t prefill_left =
+      config_.max_prefill_tokens > 0 ? config_.max_prefill_tokens : config_.max_batch_tokens;
 
   // 1. Running sequences, oldest first. A preemption takes the newest (the back), which this
   //    loop has not reached yet, or the current sequence itself.
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& s = *running_[i];
-    const std::int32_t n = std::min(s.pending(), budget);
+    const std::int32_t n = chunk_size(s, budget, prefill_left);
     if (n <= 0) {
-      ++i;  // nothing to compute (cannot happen for a live sequence; kept safe)
+      ++i;  // its prompt chunk waits for the next step's prefill budget
       continue;
     }
     if (!grow_running(s, s.num_computed + n, out)) break;  // s was the newest: preempted
     out.chunks.push_back({&s, s.num_computed, n, s.num_computed + n == s.num_tokens()});
     budget -= n;
+    if (n > 1) prefill_left -= n;
     ++i;
   }
 
@@ -177,7 +191,8 @@ SchedulerOutput Scheduler::schedule() {
         continue;
       }
       ScheduledChunk chunk;
-      if (!admit(s, budget, chunk)) break;  // no blocks now: keep the order, try next step
+      // No blocks (or no prefill budget) now: keep the order, try next step.
+      if (!admit(s, budget, prefill_left, chunk)) break;
       it = waiting_.erase(it);
       if (!s.admitted_once) {
         s.cached_tokens = std::min(s.num_computed, s.prompt_len);
@@ -192,6 +207,7 @@ SchedulerOutput Scheduler::schedule() {
                       &s);
       out.chunks.push_back(chunk);
       budget -= chunk.num_tokens;
+      if (chunk.num_tokens > 1) prefill_left -= chunk.num_tokens;
     }
   }
 

@@ -30,6 +30,10 @@ namespace xserv {
 struct SchedulerConfig {
   std::int32_t max_seqs = 256;          // sequences running at once
   std::int32_t max_batch_tokens = 512;  // tokens per step
+  // Tokens of multi-token chunks (prompts, recomputation) per step at most; 0: no cap beyond
+  // max_batch_tokens. A cap bounds how long a step with decodes in it can take (the decode
+  // stall a long prompt causes) at the cost of slower prefill.
+  std::int32_t max_prefill_tokens = 0;
 };
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of seq->tokens.
@@ -80,7 +84,9 @@ class Scheduler {
   bool grow_running(Sequence& s, std::int32_t tokens, SchedulerOutput& out);
   // Admission: prefix-cache hits or the leader's blocks, then blocks for `chunk` more tokens.
   // False (and nothing held) when the pool cannot give them now.
-  bool admit(Sequence& s, std::int32_t budget, ScheduledChunk& chunk);
+  bool admit(Sequence& s, std::int32_t budget, std::int32_t prefill_left, ScheduledChunk& chunk);
+  // Tokens `s` may run this step: its pending tokens under the budgets (0: none).
+  static std::int32_t chunk_size(const Sequence& s, std::int32_t budget, std::int32_t prefill_left);
   void take_cached_prefix(Sequence& s);
   void preempt(Sequence& s, SchedulerOutput& out);
   void release_blocks(Sequence& s) noexcept;

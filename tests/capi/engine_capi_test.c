@@ -136,7 +136,11 @@ static void test_defaults_and_nulls(xserv_model* model) {
   CHECK_STATUS(xserv_engine_create(NULL, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
   CHECK(engine == NULL);
   CHECK_STATUS(xserv_engine_create(model, &ep, NULL), XSERV_ERR_INVALID_ARGUMENT);
+  CHECK(ep.max_prefill_tokens == 0);
   ep.block_size = 0;
+  CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
+  ep = xserv_engine_default_params();
+  ep.max_prefill_tokens = -1;
   CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
   ep = xserv_engine_default_params();
   ep.struct_size = 0;
@@ -168,6 +172,7 @@ static void test_requests(xserv_model* model) {
   int i;
 
   ep.kv_cache_tokens = 4096;
+  ep.max_prefill_tokens = 8; /* prompts in chunks of 8 beside the decodes: same ids */
   CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_OK);
   if (engine == NULL) return;
 

@@ -222,3 +222,36 @@ TEST_CASE("Scheduler: sample i > 0 shares the leader's prompt blocks", "[engine]
   for (auto& s : seqs) sched.remove(&s);
   CHECK(pool.num_used() == 0);
 }
+
+TEST_CASE("Scheduler: max_prefill_tokens caps prompt chunks, decodes still run", "[engine]") {
+  kv::BlockPool pool(64, 4);
+  Scheduler sched(pool, {16, 64, 6});
+  std::deque<Sequence> seqs(3);
+  auto add = [&](Sequence& s, std::int32_t n, std::uint64_t arrival) {
+    for (std::int32_t i = 0; i < n; ++i) s.tokens.push_back(10 * static_cast<std::int32_t>(arrival) + i);
+    s.prompt_len = n;
+    s.max_len = n + 50;
+    s.arrival = arrival;
+    sched.add(&s);
+  };
+  add(seqs[0], 1, 0);   // a one-token prompt: never capped
+  add(seqs[1], 10, 1);  // 10 prompt tokens: 6 this step, 4 the next
+  add(seqs[2], 3, 2);   // waits: the prefill budget is spent
+  auto step = [&] {
+    auto out = sched.schedule();
+    sched.update(out);
+    for (const auto& c : out.chunks)
+      if (c.sample) c.seq->tokens.push_back(7);
+    return out;
+  };
+  auto out = step();
+  REQUIRE(out.chunks.size() == 2);
+  CHECK(out.chunks[0].num_tokens == 1);
+  CHECK(out.chunks[1].num_tokens == 6);
+  out = step();
+  REQUIRE(out.chunks.size() == 3);  // a decode, the rest of seqs[1], then seqs[2] (4 + 3 > 6: 2)
+  CHECK(out.chunks[0].num_tokens == 1);
+  CHECK(out.chunks[1].num_tokens == 4);
+  CHECK(out.chunks[2].num_tokens == 2);
+  for (auto& s : seqs) sched.remove(&s);
+}
