@@ -4,10 +4,12 @@
 // lower layer's message about a file they did not name (or a raw CUDA driver error).
 #pragma once
 
+#include <charconv>
 #include <string>
 #include <string_view>
 
 #include "backend/backend.hpp"
+#include "core/error.hpp"
 
 namespace xserv::cli {
 
@@ -25,5 +27,16 @@ DeviceKind pick_device(const std::string& name);
 
 // Fails when `text` is not valid UTF-8, naming `what` (e.g. "--stop") and the byte offset.
 void require_utf8(std::string_view text, std::string_view what);
+
+// The number `text` (all of it) for option `flag`; Error(invalid_argument) otherwise.
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  XSERV_CHECK(ec == std::errc() && p == end, ErrorCode::invalid_argument,
+              "{}: '{}' is not a valid number", flag, text);
+  return v;
+}
 
 }  // namespace xserv::cli

@@ -9,20 +9,15 @@
 // transformers does), else temperature 1 and no truncation; --temperature 0 is greedy. Only the
 // generated text goes to stdout (plus, with --ids, the generated ids as one JSON array on the
 // last line); a summary (tokens, speed, finish reason) goes to stderr unless --quiet.
-#include <simdjson.h>
-
-#include <charconv>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include "backend/backend.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
 #include "core/error.hpp"
-#include "core/mapped_file.hpp"
 #include "engine/generate.hpp"
-#include "io/json.hpp"
+#include "generation_config.hpp"
 #include "models/model.hpp"
 #include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -58,22 +53,11 @@ const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
 struct Options {
   std::string model, prompt;
   SamplingParams params;
-  bool temperature_set = false, top_k_set = false, top_p_set = false, min_p_set = false,
-       rep_set = false;
+  GivenSampling given;  // sampling flags given (generation_config.json fills the others)
   bool chat = false, thinking = true, ids = false, dummy = false, quiet = false, help = false;
   std::string device;
   std::size_t threads = 0;
 };
-
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text) {
-  T v{};
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, v);
-  XSERV_CHECK(ec == std::errc() && p == end, ErrorCode::invalid_argument,
-              "{}: '{}' is not a valid number", flag, text);
-  return v;
-}
 
 Options parse_options(const Args& args) {
   Options o;
@@ -87,11 +71,11 @@ Options parse_options(const Args& args) {
     if (a == "-m" || a == "--model") o.model = value();
     else if (a == "-p" || a == "--prompt") o.prompt = value();
     else if (a == "-n" || a == "--max-tokens") o.params.max_tokens = parse_number<std::int32_t>(a, value());
-    else if (a == "--temperature") { o.params.temperature = parse_number<float>(a, value()); o.temperature_set = true; }
-    else if (a == "--top-k") { o.params.top_k = parse_number<std::int32_t>(a, value()); o.top_k_set = true; }
-    else if (a == "--top-p") { o.params.top_p = parse_number<float>(a, value()); o.top_p_set = true; }
-    else if (a == "--min-p") { o.params.min_p = parse_number<float>(a, value()); o.min_p_set = true; }
-    else if (a == "--repetition-penalty") { o.params.repetition_penalty = parse_number<float>(a, value()); o.rep_set = true; }
+    else if (a == "--temperature") { o.params.temperature = parse_number<float>(a, value()); o.given.temperature = true; }
+    else if (a == "--top-k") { o.params.top_k = parse_number<std::int32_t>(a, value()); o.given.top_k = true; }
+    else if (a == "--top-p") { o.params.top_p = parse_number<float>(a, value()); o.given.top_p = true; }
+    else if (a == "--min-p") { o.params.min_p = parse_number<float>(a, value()); o.given.min_p = true; }
+    else if (a == "--repetition-penalty") { o.params.repetition_penalty = parse_number<float>(a, value()); o.given.repetition_penalty = true; }
     else if (a == "--presence-penalty") o.params.presence_penalty = parse_number<float>(a, value());
     else if (a == "--frequency-penalty") o.params.frequency_penalty = parse_number<float>(a, value());
     else if (a == "--seed") o.params.seed = parse_number<std::uint64_t>(a, value());
@@ -117,30 +101,6 @@ Options parse_options(const Args& args) {
   return o;
 }
 
-// Sampling defaults a model ships in generation_config.json, for the options not given.
-void apply_generation_config(Options& o) {
-  const std::string path = o.model + "/generation_config.json";
-  if (!std::filesystem::exists(path)) return;
-  simdjson::dom::parser parser;
-  const std::string text = read_file(path);
-  simdjson::dom::object obj;
-  if (json::parse(parser, text, path).get_object().get(obj) != simdjson::SUCCESS) return;
-  const bool sample = json::get_bool(obj, "do_sample", path).value_or(true);
-  if (!o.temperature_set) {
-    if (!sample) o.params.temperature = 0.0f;
-    else if (auto t = json::get_number(obj, "temperature", path)) o.params.temperature = static_cast<float>(*t);
-  }
-  if (!o.top_k_set)
-    if (auto k = json::get_int(obj, "top_k", path)) o.params.top_k = static_cast<std::int32_t>(*k);
-  if (!o.top_p_set)
-    if (auto p = json::get_number(obj, "top_p", path)) o.params.top_p = static_cast<float>(*p);
-  if (!o.min_p_set)
-    if (auto p = json::get_number(obj, "min_p", path)) o.params.min_p = static_cast<float>(*p);
-  if (!o.rep_set)
-    if (auto r = json::get_number(obj, "repetition_penalty", path))
-      o.params.repetition_penalty = static_cast<float>(*r);
-}
-
 }  // namespace
 
 int run_generate(const Args& args) {
@@ -149,7 +109,7 @@ int run_generate(const Args& args) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  apply_generation_config(o);
+  apply_generation_config(o.model, o.given, o.params);
   o.params.validate();
 
   const Tokenizer tok = Tokenizer::load(o.model);

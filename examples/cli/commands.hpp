@@ -24,4 +24,6 @@ int run_generate(const Args& args);    // cmd_generate.cpp
 
 int run_chat(const Args& args);        // cmd_chat.cpp
 
+int run_batch(const Args& args);       // cmd_batch.cpp (built when nlohmann-json is found)
+
 }  // namespace xserv::cli

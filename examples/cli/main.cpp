@@ -19,6 +19,9 @@ const Command kCommands[] = {
     {"version", "print the version", run_version},
     {"chat", "interactive multi-turn chat, streamed", run_chat},
     {"generate", "generate text from a prompt, streamed", run_generate},
+#ifdef XSERV_CLI_BATCH
+    {"batch", "JSONL requests on stdin -> JSONL results, one batch", run_batch},
+#endif
     {"tokenize", "text on stdin -> token ids (JSON)", run_tokenize},
     {"detokenize", "token ids (JSON lines) -> text", run_detokenize},
 };

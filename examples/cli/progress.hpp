@@ -1,4 +1,4 @@
-// A load progress bar on stderr, for any command that loads a model:
+// Progress bars on stderr. A load bar, for any command that loads a model:
 //
 //   ModelOptions options;
 //   options.on_progress = cli::load_progress_bar(dir);
@@ -16,5 +16,9 @@ namespace xserv::cli {
 // An on_progress callback (bytes done, bytes total) that draws "label [=====>    ]  42% 12/27 MB"
 // and ends the line when done == total.
 std::function<void(std::size_t, std::size_t)> load_progress_bar(std::string label);
+
+// The same bar over a count of items (e.g. requests done): "label [=====>    ]  42% 3/7".
+// Empty (nothing to call) when stderr is not a terminal.
+std::function<void(std::size_t, std::size_t)> count_progress_bar(std::string label);
 
 }  // namespace xserv::cli
