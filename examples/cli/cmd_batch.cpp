@@ -236,6 +236,7 @@ void run_all(Engine& engine, std::vector<Item>& items) {
       --total;
     }
   }
+  if (progress) progress(0, total);
   while (open > 0) {
     try {
       engine.step();
