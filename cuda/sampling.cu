@@ -14,6 +14,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/order_key.cuh"
+#include "cuda/sampling_common.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -142,15 +143,7 @@ __global__ void __launch_bounds__(threads) sample_kernel(float* logits, std::int
   // Penalties and temperature in place; the running maximum key gives argmax and the max logit.
   u64 best = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float v = x[i];
-    if (cnt) {
-      const std::uint32_t c = cnt[i];
-      if ((c >> 31) && prm.repetition_penalty != 1.0f)
-        v = v < 0.0f ? v * prm.repetition_penalty : v / prm.repetition_penalty;
-      const float n = static_cast<float>(c & 0x7fffffffu);
-      if (n > 0.0f) v -= prm.frequency_penalty * n + prm.presence_penalty;
-    }
-    if (!greedy) v /= prm.temperature;  // a division, as on the CPU: same rounding
+    const float v = adjusted_logit(x[i], cnt, i, prm, greedy);
     x[i] = v;
     const u64 k = order_key(v, i);
     best = k > best ? k : best;

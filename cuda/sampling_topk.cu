@@ -18,6 +18,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/order_key.cuh"
+#include "cuda/sampling_common.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -49,16 +50,7 @@ __global__ void __launch_bounds__(phase1_threads)
   u64* out = cand + (static_cast<std::int64_t>(row) * nblk + blk) * k_max;
 
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float v = x[i];
-    if (cnt) {
-      const std::uint32_t c = cnt[i];
-      if ((c >> 31) && prm.repetition_penalty != 1.0f)
-        v = v < 0.0f ? v * prm.repetition_penalty : v / prm.repetition_penalty;
-      const float n = static_cast<float>(c & 0x7fffffffu);
-      if (n > 0.0f) v -= prm.frequency_penalty * n + prm.presence_penalty;
-    }
-    if (!greedy) v /= prm.temperature;  // a division, as on the CPU: same rounding
-    x[i] = v;
+    x[i] = adjusted_logit(x[i], cnt, i, prm, greedy);
   }
   for (int i = threadIdx.x; i < k_max; i += blockDim.x) out[i] = 0ull;
   __syncthreads();
