@@ -29,6 +29,9 @@ seconds=${1:-}
 [ $# -gt 0 ] && targets=("$@")
 mkdir -p "$build/artifacts" "$build/logs"
 common=(-timeout=25 -rss_limit_mb=2048 -print_final_stats=1)
+# CI fuzzes from a fixed seed, so a run repeats the same mutations (up to the time limit) and a
+# red CI is reproducible; long runs take a fresh seed each time to explore further.
+[ "$mode" = ci ] && common+=(-seed=1)
 
 # run_target TARGET SECONDS WORK_CORPUS LOG: new inputs go to WORK_CORPUS; the committed corpus
 # is read only.

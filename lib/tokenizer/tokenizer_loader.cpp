@@ -121,9 +121,13 @@ void read_pre_tokenizer(simdjson::dom::element e, TokenizerSpec& spec, bool& byt
       throw_error(ErrorCode::unsupported,
                   "{}: Split pre-tokenizer with behavior '{}'{} is not supported", path, behavior,
                   get_bool(e, "invert", false, path) ? " and invert" : "");
-    simdjson::dom::element pattern = e["pattern"];
+    // Checked access: simdjson's implicit conversion would throw its own exception type (found
+    // by fuzz_tokenizer_json on a Split pre-tokenizer without "pattern").
+    simdjson::dom::element pattern;
     std::string_view s;
-    if (pattern["Regex"].get_string().get(s) == simdjson::SUCCESS) {
+    if (e["pattern"].get(pattern) != simdjson::SUCCESS) {
+      throw_error(ErrorCode::format, "{}: Split pre-tokenizer without a pattern", path);
+    } else if (pattern["Regex"].get_string().get(s) == simdjson::SUCCESS) {
       spec.patterns.emplace_back(s);
     } else if (pattern["String"].get_string().get(s) == simdjson::SUCCESS) {
       spec.patterns.push_back(escape_literal(s));
@@ -234,8 +238,14 @@ TokenizerSpec read_tokenizer_json(const std::string& path) {
 
   simdjson::dom::array added;
   if (root["added_tokens"].get_array().get(added) == simdjson::SUCCESS) {
-    for (auto t : added)
-      spec.added.push_back(read_added_token(t, to_id(t["id"], path, "an added token"), path));
+    for (auto t : added) {
+      // A checked lookup: converting a failed one (no "id") to an element would throw
+      // simdjson's own exception (found by fuzz_tokenizer_json).
+      simdjson::dom::element id;
+      if (t["id"].get(id) != simdjson::SUCCESS)
+        throw_error(ErrorCode::format, "{}: an added token has no id", path);
+      spec.added.push_back(read_added_token(t, to_id(id, path, "an added token"), path));
+    }
   }
 
   simdjson::dom::element e;
