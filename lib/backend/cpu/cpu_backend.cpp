@@ -20,19 +20,8 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace xserv::cpu {
 
-namespace {
-
-// How long idle pool threads poll before sleeping (ThreadPool): XSERV_CPU_SPIN_US overrides the
-// default 10 (0: sleep at once), for measuring; see ThreadPool.
-std::uint32_t spin_us() {
-  const char* v = std::getenv("XSERV_CPU_SPIN_US");
-  return v ? static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10)) : 10u;
-}
-
-}  // namespace
-
 CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels, bool use_blas)
-    : pool_(options.threads, spin_us()),
+    : pool_(options.threads),
       kernels_(kernels ? kernels : &cpu::kernels()),
       // Measured (bench/cpu_ops_bench, f32 GPT-2 shapes, M = 128/512): the AVX-512 kernel runs
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
