@@ -24,18 +24,7 @@
 
 #include "xserv.h"
 
-static int g_checks = 0;
-static int g_failures = 0;
-
-#define CHECK(cond)                                                                        \
-  do {                                                                                     \
-    ++g_checks;                                                                            \
-    if (!(cond)) {                                                                         \
-      ++g_failures;                                                                        \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__, \
-              #cond, xserv_last_error());                                                  \
-    }                                                                                      \
-  } while (0)
+#include "c_check.h"
 
 static const char* const kTokenizer = XSERV_SOURCE_DIR "/examples/models/shakespeare/tokenizer.json";
 

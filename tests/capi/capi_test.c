@@ -14,18 +14,7 @@
 #include "qwen3_chat_model.h"
 #include "xserv.h"
 
-static int g_checks = 0;
-static int g_failures = 0;
-
-#define CHECK(cond)                                                                        \
-  do {                                                                                     \
-    ++g_checks;                                                                            \
-    if (!(cond)) {                                                                         \
-      ++g_failures;                                                                        \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: '%s'\n", __FILE__, __LINE__, \
-              #cond, xserv_last_error());                                                  \
-    }                                                                                      \
-  } while (0)
+#include "c_check.h"
 
 /* The call returns `want` and, for a failure, leaves a message that mentions `needle`. */
 #define CHECK_STATUS(call, want, needle)                                                    \
