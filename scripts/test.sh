@@ -3,6 +3,7 @@
 # found), run every test, then build and run the tests again under ASan + UBSan, the thread
 # tests under ThreadSanitizer (the tsan preset registers the [threads] Catch2 cases and the
 # tests labelled "threads"), and each libFuzzer target briefly on its corpus (scripts/fuzz.sh).
+# Then the README's main command (scripts/run-demo.sh) must generate text.
 # Each stage prints how many tests it ran; a stage that ran none fails, and so does a build whose
 # ctest list misses a test case of the Catch2 binary (tests/check_test_count.py runs as a test).
 # Usage: scripts/test.sh [--no-sanitize]
@@ -43,6 +44,13 @@ run_stage() {
 }
 
 run_stage release
+# The README's main command, as written (its unity build, its default model): text must come out.
+demo_out=$(scripts/run-demo.sh -p "ROMEO:" -n 24 --seed 1)
+if [ "$(printf '%s' "$demo_out" | wc -w)" -lt 5 ]; then
+  echo "scripts/test.sh: scripts/run-demo.sh printed no text: '$demo_out'" >&2
+  exit 1
+fi
+summary+=("demo: scripts/run-demo.sh generated $(printf '%s' "$demo_out" | wc -w) words")
 # The Debian packages built, installed with apt, used and removed (as root only, as in CI).
 pkg_log=$(mktemp)
 scripts/test-packages.sh | tee "$pkg_log"

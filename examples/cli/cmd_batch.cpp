@@ -38,6 +38,8 @@
 
 namespace xserv::cli {
 
+// Named (not only anonymous) so the command files can share one translation unit (unity builds).
+namespace batch_cmd {
 namespace {
 
 using json = nlohmann::ordered_json;  // keeps the fields in the documented order
@@ -261,8 +263,10 @@ json result_json(std::size_t i, const Item& it) {
 }
 
 }  // namespace
+}  // namespace batch_cmd
 
 int run_batch(const Args& args) {
+  using namespace batch_cmd;
   const Options o = parse_options(args);
   if (o.help) {
     std::fputs(kUsage, stdout);

@@ -24,6 +24,8 @@
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv::cli {
+// Named (not only anonymous) so the command files can share one translation unit (unity builds).
+namespace chat_cmd {
 namespace {
 
 constexpr const char* kUsage =
@@ -212,8 +214,10 @@ class Chat {
 };
 
 }  // namespace
+}  // namespace chat_cmd
 
 int run_chat(const Args& args) {
+  using namespace chat_cmd;
   for (const auto& a : args)
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);

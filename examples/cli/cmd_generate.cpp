@@ -24,6 +24,8 @@
 
 namespace xserv::cli {
 
+// Named (not only anonymous) so the command files can share one translation unit (unity builds).
+namespace generate_cmd {
 namespace {
 
 const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
@@ -102,8 +104,10 @@ Options parse_options(const Args& args) {
 }
 
 }  // namespace
+}  // namespace generate_cmd
 
 int run_generate(const Args& args) {
+  using namespace generate_cmd;
   Options o = parse_options(args);
   if (o.help) {
     std::fputs(kUsage, stdout);

@@ -24,6 +24,8 @@
 
 namespace xserv::cli {
 
+// Named (not only anonymous) so the command files can share one translation unit (unity builds).
+namespace tokenize_cmd {
 namespace {
 
 struct Options {
@@ -130,8 +132,10 @@ void flush(std::string& out) {
 }
 
 }  // namespace
+}  // namespace tokenize_cmd
 
 int run_tokenize(const Args& args) {
+  using namespace tokenize_cmd;
   Options o = parse_options(args, "tokenize");
   if (o.help) {
     std::printf(
@@ -166,6 +170,7 @@ int run_tokenize(const Args& args) {
 }
 
 int run_detokenize(const Args& args) {
+  using namespace tokenize_cmd;
   Options o = parse_options(args, "detokenize");
   if (o.help) {
     std::printf(
