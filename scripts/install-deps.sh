@@ -8,6 +8,7 @@ pkgs=(cmake g++ make pkg-config libsimdjson-dev libfmt-dev catch2 libbenchmark-d
       # clang and its runtime libraries (libFuzzer, ASan/UBSan for clang): the fuzz stage
       # (scripts/fuzz.sh, tests/fuzz)
       clang libclang-rt-14-dev)
+pkgs+=(ninja-build)  # scripts/run-demo.sh: compiles xserv-cli's sources while the library's build
 pkgs+=(doxygen)  # the C API reference and its CI check (scripts/api-docs.sh, ctest capi_docs)
 # xserv-server (examples/server): cpp-httplib for HTTP/1.1 + SSE, nlohmann::json to read and write
 # JSON (simdjson only reads). Its Node and Chromium test stages install their own packages
