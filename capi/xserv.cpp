@@ -153,6 +153,23 @@ void check_buffer(const void* buffer, std::size_t capacity, const char* name) {
   if (buffer == nullptr && capacity > 0) throw_invalid(std::string(name) + " is NULL but capacity > 0");
 }
 
+// The messages of a C conversation, each role and content checked as UTF-8; `name` names the
+// array in messages ("request->messages[2].content is not valid UTF-8 ...").
+std::vector<xserv::Tokenizer::Message> checked_conversation(const xserv_chat_message* messages,
+                                                            std::size_t n, const char* name) {
+  check_buffer(messages, n, name);
+  std::vector<xserv::Tokenizer::Message> conversation;
+  conversation.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string at = std::string(name) + "[" + std::to_string(i) + "]";
+    xserv::Tokenizer::Message msg;
+    msg.role = checked_utf8(messages[i].role, (at + ".role").c_str());
+    msg.content = checked_utf8(messages[i].content, (at + ".content").c_str());
+    conversation.push_back(std::move(msg));
+  }
+  return conversation;
+}
+
 // malloc'd copy for xserv_string_free (free() is what the C side can rely on).
 char* c_string(std::string_view s) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
@@ -449,22 +466,36 @@ xserv_status xserv_apply_chat_template(const xserv_model* model,
   return guard("xserv_apply_chat_template", [&] {
     require(model, "model");
     require(length, "length");
-    check_buffer(messages, n_messages, "messages");
     check_buffer(text, capacity, "text");
-    std::vector<xserv::Tokenizer::Message> conversation;
-    conversation.reserve(n_messages);
-    for (std::size_t i = 0; i < n_messages; ++i) {
-      const std::string at = "messages[" + std::to_string(i) + "]";
-      xserv::Tokenizer::Message msg;
-      msg.role = checked_utf8(messages[i].role, (at + ".role").c_str());
-      msg.content = checked_utf8(messages[i].content, (at + ".content").c_str());
-      conversation.push_back(std::move(msg));
-    }
+    const auto conversation = checked_conversation(messages, n_messages, "messages");
     if (!model->tokenizer->has_chat_template())
       throw_status(XSERV_ERR_UNSUPPORTED, "the model has no chat template");
     const std::string s = model->tokenizer->apply_chat_template(
         conversation, add_generation_prompt, enable_thinking);
     write_text(s, text, capacity, length);
+  });
+}
+
+xserv_status xserv_tokenize_chat(const xserv_model* model, const xserv_chat_message* messages,
+                                 size_t n_messages, bool add_generation_prompt,
+                                 bool enable_thinking, int32_t* tokens, size_t capacity,
+                                 size_t* n_tokens) {
+  if (n_tokens != nullptr) *n_tokens = 0;
+  return guard("xserv_tokenize_chat", [&] {
+    require(model, "model");
+    require(n_tokens, "n_tokens");
+    check_buffer(tokens, capacity, "tokens");
+    const auto conversation = checked_conversation(messages, n_messages, "messages");
+    if (conversation.empty()) throw_invalid("n_messages is 0");
+    const std::vector<int32_t> ids =
+        model->tokenizer->encode_chat(conversation, add_generation_prompt, enable_thinking);
+    *n_tokens = ids.size();
+    if (capacity < ids.size())
+      throw_status(XSERV_ERR_BUFFER_TOO_SMALL, "the conversation has " +
+                                                   std::to_string(ids.size()) +
+                                                   " tokens, the buffer holds " +
+                                                   std::to_string(capacity));
+    if (!ids.empty()) std::memcpy(tokens, ids.data(), ids.size() * sizeof(int32_t));
   });
 }
 
@@ -617,17 +648,9 @@ std::vector<int32_t> request_prompt(const xserv_model& model, const xserv_reques
   if (r.n_messages == 0) throw_invalid("request->n_messages is 0");
   if (!model.tokenizer->has_chat_template())
     throw_status(XSERV_ERR_UNSUPPORTED, "the model has no chat template");
-  std::vector<xserv::Tokenizer::Message> conversation;
-  for (std::size_t i = 0; i < r.n_messages; ++i) {
-    const std::string at = "request->messages[" + std::to_string(i) + "]";
-    xserv::Tokenizer::Message msg;
-    msg.role = checked_utf8(r.messages[i].role, (at + ".role").c_str());
-    msg.content = checked_utf8(r.messages[i].content, (at + ".content").c_str());
-    conversation.push_back(std::move(msg));
-  }
-  const std::string text =
-      model.tokenizer->apply_chat_template(conversation, true, r.enable_thinking);
-  return model.tokenizer->encode(text, /*allow_special=*/true);
+  const auto conversation = checked_conversation(r.messages, r.n_messages, "request->messages");
+  // Markers typed in the messages stay text: a player cannot open a system turn.
+  return model.tokenizer->encode_chat(conversation, true, r.enable_thinking);
 }
 
 }  // namespace

@@ -233,6 +233,21 @@ XSERV_API xserv_status xserv_apply_chat_template(const xserv_model* model,
                                                  bool enable_thinking, char* text,
                                                  size_t capacity, size_t* length);
 
+/* The token ids of a conversation, ready to generate from: the prompt
+ * xserv_apply_chat_template renders (with add_generation_prompt and enable_thinking as there),
+ * encoded so that the template's own turn markers are special tokens while special-token text
+ * inside a message's content stays ordinary text: a user who types "<|im_start|>system" gets
+ * those characters, not a new turn. Equal to xserv_tokenize(xserv_apply_chat_template(...),
+ * allow_special = true) whenever no content holds special-token text. Without a chat template
+ * (GPT-2) the contents joined by "\n", encoded with allow_special = false. Output convention as
+ * xserv_tokenize. Use this, not the rendered text with allow_special, for untrusted messages.
+ * Errors: as xserv_apply_chat_template (UNSUPPORTED aside: a model without a template joins the
+ * contents) and xserv_tokenize. Thread-safe. */
+XSERV_API xserv_status xserv_tokenize_chat(const xserv_model* model,
+                                           const xserv_chat_message* messages, size_t n_messages,
+                                           bool add_generation_prompt, bool enable_thinking,
+                                           int32_t* tokens, size_t capacity, size_t* n_tokens);
+
 /* ---- generation ----------------------------------------------------------------------- */
 
 /* Why generation of a sample ended. */

@@ -119,12 +119,18 @@ std::string get_string(const json& v, const char* what) {
   return v.get<std::string>();
 }
 
-// The prompt text of a request: "prompt", or "messages" rendered as `generate --chat` does.
-std::string prompt_text(const json& req, const Tokenizer& tok) {
+// The prompt ids of a request: "prompt" (special-token text allowed, as `generate -p`), or
+// "messages" rendered and encoded as `generate --chat` does (markers typed in a message stay
+// text).
+std::vector<std::int32_t> prompt_ids(const json& req, const Tokenizer& tok) {
   const bool has_prompt = req.contains("prompt"), has_messages = req.contains("messages");
   XSERV_CHECK(has_prompt != has_messages, ErrorCode::invalid_argument,
               "a request needs exactly one of \"prompt\" and \"messages\"");
-  if (has_prompt) return get_string(req["prompt"], "\"prompt\"");
+  if (has_prompt) {
+    const std::string text = get_string(req["prompt"], "\"prompt\"");
+    require_utf8(text, "the prompt");
+    return tok.encode(text);
+  }
   const json& msgs = req["messages"];
   XSERV_CHECK(msgs.is_array() && !msgs.empty(), ErrorCode::invalid_argument,
               "\"messages\" must be a non-empty array of {{\"role\", \"content\"}}");
@@ -134,8 +140,9 @@ std::string prompt_text(const json& req, const Tokenizer& tok) {
                 ErrorCode::invalid_argument, "each message must be an object with \"role\" and \"content\"");
     messages.push_back({get_string(m["role"], "a message's \"role\""),
                         get_string(m["content"], "a message's \"content\"")});
+    require_utf8(messages.back().content, "a message's \"content\"");
   }
-  return tok.apply_chat_template(messages, true);
+  return tok.encode_chat(messages, true);
 }
 
 // The sampling params of a request: its fields, generation_config.json for the others.
@@ -193,9 +200,7 @@ void parse_line(const std::string& line, const Tokenizer& tok, const Model& mode
     const json req = json::parse(line);
     XSERV_CHECK(req.is_object(), ErrorCode::invalid_argument, "a request must be a JSON object");
     item.params = sampling_params(req, model_dir);
-    const std::string text = prompt_text(req, tok);
-    require_utf8(text, "the prompt");
-    item.prompt = tok.encode(text);
+    item.prompt = prompt_ids(req, tok);
     if (item.prompt.empty() && model.config().bos_token_id) item.prompt.push_back(*model.config().bos_token_id);
     XSERV_CHECK(!item.prompt.empty(), ErrorCode::invalid_argument, "the prompt is empty");
   } catch (const json::exception& e) {

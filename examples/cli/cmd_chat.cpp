@@ -186,13 +186,13 @@ class Chat {
   }
 
   std::vector<std::int32_t> render() const {
-    return tok_.encode(tok_.apply_chat_template(history_, true, o_.think));
+    return tok_.encode_chat(history_, true, o_.think);  // typed markers stay text
   }
 
   void turn_plain(const std::string& user) {
     transcript_ += user;
     transcript_ += '\n';
-    std::vector<std::int32_t> ids = tok_.encode(transcript_);
+    std::vector<std::int32_t> ids = tok_.encode(transcript_, /*allow_special=*/false);
     if (ids.size() > prompt_budget()) {
       // Keep the most recent tokens and the text they decode to.
       ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(prompt_budget()));

@@ -117,18 +117,19 @@ int run_generate(const Args& args) {
   o.params.validate();
 
   const Tokenizer tok = Tokenizer::load(o.model);
-  std::string prompt_text = o.prompt;
-  if (o.chat) {
-    const Tokenizer::Message msg{"user", o.prompt};
-    prompt_text = tok.apply_chat_template(std::span<const Tokenizer::Message>(&msg, 1), true, o.thinking);
-  }
   auto backend = make_backend(pick_device(o.device), BackendOptions{o.threads, 0});
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
   mo.on_progress = load_progress_bar(o.model);  // draws on stderr only when it is a terminal
   auto model = Model::load(o.model, *backend, mo);
 
-  std::vector<std::int32_t> prompt = tok.encode(prompt_text);
+  std::vector<std::int32_t> prompt;
+  if (o.chat) {
+    const Tokenizer::Message msg{"user", o.prompt};
+    prompt = tok.encode_chat(std::span<const Tokenizer::Message>(&msg, 1), true, o.thinking);
+  } else {
+    prompt = tok.encode(o.prompt);  // the operator's own text: special-token text allowed
+  }
   if (prompt.empty() && model->config().bos_token_id) prompt.push_back(*model->config().bos_token_id);
 
   Engine engine(*model, &tok, single_sequence_options(*model));

@@ -450,7 +450,8 @@ class Server {
       if (model_->has_chat_template()) {
         std::vector<xserv::ChatMessage> messages;
         for (const Message& m : r.messages) messages.push_back({m.role, m.content});
-        add(model_->tokenize(model_->apply_chat_template(messages, true, r.enable_thinking), true));
+        // Markers typed in a message stay text: a client cannot forge a system turn.
+        add(model_->tokenize_chat(messages, true, r.enable_thinking));
       } else {
         add(model_->tokenize(render_plain(r.messages), false));
       }

@@ -229,6 +229,34 @@ class Model {
     });
   }
 
+  // The ids of the conversation's prompt; special-token text inside a message stays text
+  // (xserv_tokenize_chat). Use this, not tokenize(apply_chat_template(...)), for user input.
+  std::vector<std::int32_t> tokenize_chat(const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt = true,
+                                          bool enable_thinking = true) const {
+    std::vector<xserv_chat_message> c;
+    c.reserve(messages.size());
+    std::size_t bytes = 0;
+    for (const ChatMessage& m : messages) {
+      c.push_back({m.role.c_str(), m.content.c_str()});
+      bytes += m.content.size();
+    }
+    std::vector<std::int32_t> ids(bytes / 2 + 16 * messages.size() + 16);
+    std::size_t n = 0;
+    auto call = [&] {
+      return xserv_tokenize_chat(model_, c.data(), c.size(), add_generation_prompt,
+                                 enable_thinking, ids.data(), ids.size(), &n);
+    };
+    xserv_status s = call();
+    if (s == XSERV_ERR_BUFFER_TOO_SMALL) {
+      ids.resize(n);
+      s = call();
+    }
+    detail::check(s);
+    ids.resize(n);
+    return ids;
+  }
+
   // Blocks until generation ends; returns the whole generated text (no stop string).
   std::string generate(const std::string& prompt, const GenerateOptions& options = {},
                        const TokenCallback& on_token = {}) {

@@ -75,7 +75,18 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens)
 
 void AddedTokenMatcher::find(std::string_view text, bool allow_special,
                              std::vector<Match>& out) const {
+  const Range all{0, text.size()};
+  find(text, allow_special ? std::span<const Range>() : std::span<const Range>(&all, 1), out);
+}
+
+void AddedTokenMatcher::find(std::string_view text, std::span<const Range> plain,
+                             std::vector<Match>& out) const {
   if (tokens_.empty()) return;
+  std::size_t next_plain = 0;  // the first plain range not wholly before the current match
+  auto touches_plain = [&](std::size_t start, std::size_t stop) {
+    while (next_plain < plain.size() && plain[next_plain].end <= start) ++next_plain;
+    return next_plain < plain.size() && plain[next_plain].begin < stop;
+  };
   std::size_t taken = 0;  // end of the previous accepted match (its rstrip included)
   std::size_t i = 0;
   while (i < text.size()) {
@@ -94,7 +105,7 @@ void AddedTokenMatcher::find(std::string_view text, bool allow_special,
     }
     std::size_t start = i, stop = i + hit->content.size();
     i = stop;  // matches never overlap, even those dropped below (as with HF's automaton)
-    if (hit->special && !allow_special) continue;
+    if (hit->special && touches_plain(start, stop)) continue;
     if (hit->single_word) {
       std::size_t s = 0, len = 0;
       bool word_before = start > 0 && is_word_char(last_code_point(text, start, s));

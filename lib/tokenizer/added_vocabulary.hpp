@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,15 @@ class AddedTokenMatcher {
   };
   // Matches in `text` in order; with allow_special = false special tokens are not matched.
   void find(std::string_view text, bool allow_special, std::vector<Match>& out) const;
+
+  // A byte range [begin, end) of a text.
+  struct Range {
+    std::size_t begin, end;
+  };
+  // As find(), but a special token is matched only where it touches none of the `plain` ranges
+  // (sorted, disjoint): there it stays ordinary text. A rendered chat prompt passes its
+  // messages' contents, so its own turn markers are tokens and a user's typed ones are not.
+  void find(std::string_view text, std::span<const Range> plain, std::vector<Match>& out) const;
 
  private:
   std::vector<AddedToken> tokens_;

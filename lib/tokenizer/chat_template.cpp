@@ -36,7 +36,26 @@ bool is_tool_response(std::string_view s) {
   return s.starts_with("<tool_response>") && s.ends_with("</tool_response>");
 }
 
-void open_turn(std::string& out, std::string_view role) {
+// Appends message text, noting its byte range.
+struct Output {
+  std::string text;
+  std::vector<AddedTokenMatcher::Range>* content;
+
+  Output& operator+=(std::string_view template_text) {
+    text += template_text;
+    return *this;
+  }
+  Output& operator+=(char c) {
+    text += c;
+    return *this;
+  }
+  void message(std::string_view s) {
+    if (content != nullptr && !s.empty()) content->push_back({text.size(), text.size() + s.size()});
+    text += s;
+  }
+};
+
+void open_turn(Output& out, std::string_view role) {
   out += "<|im_start|>";
   out += role;
   out += '\n';
@@ -54,15 +73,16 @@ ChatTemplate ChatTemplate::detect(std::string_view source) {
 }
 
 std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Message> msgs,
-                        bool add_generation_prompt, bool enable_thinking) {
+                        bool add_generation_prompt, bool enable_thinking,
+                        std::vector<AddedTokenMatcher::Range>* content_ranges) {
   XSERV_CHECK(tmpl.kind == ChatTemplate::Kind::chatml, ErrorCode::internal,
               "render_chat: no template");
   XSERV_CHECK(!msgs.empty(), ErrorCode::invalid_argument, "apply_chat_template: no messages");
-  std::string out;
+  Output out{{}, content_ranges};
   const std::size_t n = msgs.size();
   if (msgs[0].role == "system") {
     open_turn(out, "system");
-    out += msgs[0].content;
+    out.message(msgs[0].content);
     out += "<|im_end|>\n";
   }
   // The last user turn that is a real query (not a tool result handed back as user text):
@@ -80,13 +100,13 @@ std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Mes
     const auto& m = msgs[i];
     if (m.role == "user" || (m.role == "system" && i != 0)) {
       open_turn(out, m.role);
-      out += m.content;
+      out.message(m.content);
       out += "<|im_end|>\n";
     } else if (m.role == "assistant") {
       std::string_view content = m.content;
       if (!tmpl.think_blocks) {
         open_turn(out, "assistant");
-        out += content;
+        out.message(content);
         out += "<|im_end|>\n";
         continue;
       }
@@ -99,17 +119,17 @@ std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Mes
       open_turn(out, "assistant");
       if (i > last_query && (i + 1 == n || !reasoning.empty())) {
         out += "<think>\n";
-        out += rstrip_nl(lstrip_nl(reasoning));
+        out.message(rstrip_nl(lstrip_nl(reasoning)));
         out += "\n</think>\n\n";
-        out += lstrip_nl(content);
+        out.message(lstrip_nl(content));
       } else {
-        out += content;
+        out.message(content);
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
       if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
       out += "\n<tool_response>\n";
-      out += m.content;
+      out.message(m.content);
       out += "\n</tool_response>";
       if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
     }
@@ -119,7 +139,7 @@ std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Mes
     out += "<|im_start|>assistant\n";
     if (tmpl.thinking_switch && !enable_thinking) out += "<think>\n\n</think>\n\n";
   }
-  return out;
+  return std::move(out.text);
 }
 
 }  // namespace xserv::tokenizer

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "tokenizer/added_vocabulary.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv::tokenizer {
@@ -23,7 +24,11 @@ struct ChatTemplate {
   static ChatTemplate detect(std::string_view source);
 };
 
+// The prompt text. When `content` is given, it receives the byte ranges of the output that came
+// from the messages' contents (not from the template), in order: the ranges where special-token
+// text must stay text (Tokenizer::encode_chat).
 std::string render_chat(const ChatTemplate& tmpl, std::span<const Tokenizer::Message> msgs,
-                        bool add_generation_prompt, bool enable_thinking);
+                        bool add_generation_prompt, bool enable_thinking,
+                        std::vector<AddedTokenMatcher::Range>* content = nullptr);
 
 }  // namespace xserv::tokenizer

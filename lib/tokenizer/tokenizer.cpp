@@ -212,15 +212,22 @@ void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<std::int
 }
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  const AddedTokenMatcher::Range all{0, text.size()};
+  return impl_->encode(text, allow_special ? std::span<const AddedTokenMatcher::Range>()
+                                           : std::span<const AddedTokenMatcher::Range>(&all, 1));
+}
+
+std::vector<std::int32_t> Tokenizer::Impl::encode(
+    std::string_view text, std::span<const AddedTokenMatcher::Range> plain) const {
   std::size_t bad = utf8::find_invalid(text);
   if (bad != std::string_view::npos)
     throw_error(ErrorCode::invalid_argument, "encode: input is not valid UTF-8 (byte offset {})",
                 bad);
-  const Impl& im = *impl_;
+  const Impl& im = *this;
   std::vector<std::int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   std::vector<AddedTokenMatcher::Match> matches;
-  im.raw_added.find(text, allow_special, matches);
+  im.raw_added.find(text, plain, matches);
   std::size_t pos = 0;
   for (const auto& m : matches) {
     im.encode_segment(text.substr(pos, m.start - pos), ids);
@@ -289,6 +296,16 @@ std::string Tokenizer::apply_chat_template(std::span<const Message> msgs,
     return out;
   }
   return tokenizer::render_chat(impl_->chat, msgs, add_generation_prompt, enable_thinking);
+}
+
+std::vector<std::int32_t> Tokenizer::encode_chat(std::span<const Message> msgs,
+                                                 bool add_generation_prompt,
+                                                 bool enable_thinking) const {
+  if (!has_chat_template()) return encode(apply_chat_template(msgs, add_generation_prompt), false);
+  std::vector<AddedTokenMatcher::Range> content;
+  const std::string text =
+      tokenizer::render_chat(impl_->chat, msgs, add_generation_prompt, enable_thinking, &content);
+  return impl_->encode(text, content);
 }
 
 std::string StreamDecoder::push(std::int32_t id) {

@@ -75,6 +75,15 @@ class Tokenizer {
   // empty message list with a template.
   std::string apply_chat_template(std::span<const Message> msgs, bool add_generation_prompt,
                                   bool enable_thinking = true) const;
+  // The ids of that prompt, ready to generate from: the template's own markers (<|im_start|>,
+  // <|im_end|>) are special tokens, while special-token text inside a message's content is
+  // encoded as ordinary text, so a user cannot open a system turn or end the conversation by
+  // typing a marker. Equals encode(apply_chat_template(...), true) whenever no content holds
+  // special-token text (HF's apply_chat_template(tokenize=True) matches specials anywhere).
+  // Without a chat template: the contents joined by "\n", specials as text. Throws as
+  // apply_chat_template and encode.
+  std::vector<std::int32_t> encode_chat(std::span<const Message> msgs, bool add_generation_prompt,
+                                        bool enable_thinking = true) const;
 
   struct Impl;
 

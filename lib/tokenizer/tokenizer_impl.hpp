@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -39,6 +40,9 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, std::int32_t, StringHash, std::equal_to<>> token_ids;
   tokenizer::ChatTemplate chat;
 
+  // Tokenizer::encode with special tokens matched only outside the `plain` byte ranges.
+  std::vector<std::int32_t> encode(std::string_view text,
+                                   std::span<const tokenizer::AddedTokenMatcher::Range> plain) const;
   void encode_segment(std::string_view text, std::vector<std::int32_t>& ids) const;
   void encode_words(std::string_view text, std::vector<std::int32_t>& ids) const;
 };

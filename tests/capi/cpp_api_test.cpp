@@ -46,6 +46,10 @@ void test_model() {
   CHECK(model.tokenize("<|endoftext|>", false).size() > 1);
   CHECK(status_of([&] { model.tokenize("\xff"); }) == XSERV_ERR_INVALID_ARGUMENT);
   CHECK(status_of([&] { model.apply_chat_template({{"user", "hi"}}); }) == XSERV_ERR_UNSUPPORTED);
+  // Without a template the contents are joined, typed specials stay text; the retry path too.
+  CHECK(model.tokenize_chat({{"user", "a<|endoftext|>"}, {"user", "b"}}) ==
+        model.tokenize("a<|endoftext|>\nb", false));
+  CHECK(model.tokenize_chat({{"user", text}}) == model.tokenize(text, false));
 
   // Streaming generation: the events add up to the returned text.
   xserv::GenerateOptions go;
