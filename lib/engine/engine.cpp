@@ -92,6 +92,9 @@ void validate(const EngineOptions& o) {
 Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& options)
     : model_(model), tokenizer_(tokenizer), options_(options) {
   validate(options_);
+  // Ids the tokenizer makes must be rows of the embedding (a mismatched tokenizer.json would
+  // send them past the gather). The C API checks this at load; every other host meets it here.
+  if (tokenizer_ != nullptr) model.check_tokenizer(tokenizer_->vocab_size(), "the engine's tokenizer");
   eos_ids_ = load_eos_token_ids(model.dir(), model.config());
   // A step samples one row per running sequence: the batch is capped at the model's logits rows.
   options_.max_seqs = std::min(options_.max_seqs, model.max_logit_rows());

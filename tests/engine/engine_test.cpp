@@ -557,3 +557,17 @@ TEST_CASE("Engine: 8 threads submit and cancel while one thread steps", "[engine
   CHECK(engine.stats().kv_blocks_used == 0);
   CHECK_FALSE(engine.has_work());
 }
+
+TEST_CASE("Engine: a tokenizer with ids past the embedding is refused", "[engine]") {
+  Fixture f(kTinyGpt2);  // 320 embedding rows
+  const Tokenizer gpt2 = Tokenizer::load(kShakespeare);  // the GPT-2 tokenizer: 50257 ids
+  try {
+    Engine engine(*f.model, &gpt2, small_blocks());
+    FAIL("the engine accepted a 50257-id tokenizer for 320 rows");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::format);
+    CHECK(std::string(e.what()).find("50256") != std::string::npos);
+  }
+  Engine ids_only(*f.model, nullptr, small_blocks());  // prompts as ids: nothing to check
+  CHECK_FALSE(ids_only.has_work());
+}
