@@ -11,6 +11,11 @@
 // loaded with 16-byte loads (D: the head_dim rounded up to 32, 64 or 128; a smaller head_dim
 // masks the tail with scalar loads); a warp reads 32 / L keys at once and keeps an online softmax per
 // lane group; groups then combine through shuffles, warps through shared memory.
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <string_view>
+
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -204,6 +209,161 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   }
 }
 
+// ---- bf16 rows, head_dim 64 or 128: K/V tiles staged in shared memory --------------------
+// The register kernel above keeps q, the accumulators and the loaded keys of every q head of
+// the group in registers (Qwen3-8B: G = 4, D = 128 -> 234 registers a thread, two blocks an
+// SM), so a long split keeps only a few KB in flight per SM and ran at a fraction of the
+// bandwidth (16k-token decode: 0.76 TB/s). Here a block copies tiles of tile_keys keys' K and V
+// rows into shared memory with cp.async, two tiles deep (the next tile's copies are in flight
+// while this one is used), and the registers hold only each thread's few outputs:
+// - scores: warp w takes the q heads g = w, w + 4, ...; lane r the key r of the tile (one key per
+//   lane: tile_keys == 32), a dot product over D read from shared memory, then the warp's online
+//   softmax update of (m, l) for that head;
+// - P.V: thread t owns output column d = t % D of heads t / D, t / D + threads / D, ... and adds
+//   p[g][r] * V[r][d] over the tile's keys (each V element read once for all its heads).
+// Same split-KV contract and partial format as the register kernel (attention_merge_kernel).
+constexpr int tile_keys = 32;
+
+__device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int D, int G>
+__global__ void __launch_bounds__(threads) attention_tiles_kernel(const AttentionParams p) {
+  using T = __nv_bfloat16;
+  constexpr int chunks = D * 2 / 16;                        // 16-byte pieces of a key's row
+  constexpr int heads_per_warp = (G + num_warps - 1) / num_warps;
+  constexpr int outs = (G * D + threads - 1) / threads;      // outputs a thread owns
+  static_assert(tile_keys == 32 && threads % D == 0, "one key per lane; D divides the block");
+  __shared__ __align__(16) T s_kv[2][2][tile_keys][D];       // [stage][K, V][key][dim]
+  __shared__ __align__(16) float s_q[G][D];
+  __shared__ float s_p[G][tile_keys];
+  __shared__ float s_alpha[G], s_m[G], s_l[G];
+
+  allow_dependents();
+  grid_dependency_wait();
+  const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const int seq = find_sequence(p.query_start, p.num_seqs, row);
+  const int q_len = p.query_start[seq + 1] - p.query_start[seq];
+  const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
+  const int k_begin = split * p.split_size;
+  const int k_end = min(n_keys, k_begin + p.split_size);
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + tile_keys - 1) / tile_keys : 0;
+
+  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  auto load_tile = [&](int tile) {
+    const int k0 = k_begin + tile * tile_keys;
+    const int n = min(tile_keys, k_end - k0);
+    for (int i = threadIdx.x; i < 2 * tile_keys * chunks; i += threads) {
+      const int c = i % chunks, r = (i / chunks) % tile_keys, kv = i / (chunks * tile_keys);
+      if (r >= n) continue;  // past the split: never read (the loops below stop at n)
+      const int k = k0 + r;
+      const std::int64_t slot = static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size + k % p.block_size;
+      copy_async16(&s_kv[tile & 1][kv][r][c * 8], (kv ? vc : kc) + (slot * p.n_kv_heads + kvh) * D + c * 8);
+    }
+    copy_async_commit();
+  };
+  if (n_tiles > 0) load_tile(0);
+
+  const T* q_row = static_cast<const T*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride;
+  for (int i = threadIdx.x; i < G * D; i += threads) {
+    const int g = i / D;
+    s_q[g][i % D] = g < group ? to_f32(q_row[(kvh * group + g) * D + i % D]) * p.scale : 0.0f;
+  }
+  float m[heads_per_warp], l[heads_per_warp];
+#pragma unroll
+  for (int j = 0; j < heads_per_warp; ++j) m[j] = -CUDART_INF_F, l[j] = 0.0f;
+  float acc[outs];
+#pragma unroll
+  for (int j = 0; j < outs; ++j) acc[j] = 0.0f;
+  const int d = threadIdx.x % D;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) {
+      load_tile(tile + 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // this tile's K/V (and s_q) visible to every thread
+    const int n = min(tile_keys, k_end - (k_begin + tile * tile_keys));
+    const T(&ks)[tile_keys][D] = s_kv[tile & 1][0];
+    const T(&vs)[tile_keys][D] = s_kv[tile & 1][1];
+#pragma unroll
+    for (int j = 0; j < heads_per_warp; ++j) {
+      const int g = warp + j * num_warps;
+      if (g >= G) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int c0 = 0; c0 < chunks; ++c0) {
+        const int c = (c0 + lane) % chunks;  // lanes start at different pieces: no bank conflicts
+        float kf[8];
+        load_f32<T, 8>(&ks[lane][c * 8], kf);
+        const float4 qa = *reinterpret_cast<const float4*>(&s_q[g][c * 8]);
+        const float4 qb = *reinterpret_cast<const float4*>(&s_q[g][c * 8 + 4]);
+        s += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+             qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+      }
+      if (lane >= n) s = -CUDART_INF_F;
+      const float mx = fmaxf(m[j], warp_max(s));  // finite: a tile holds at least one key
+      const float alpha = expf(m[j] - mx);        // m = -inf at first: alpha = 0
+      const float w = lane < n ? expf(s - mx) : 0.0f;
+      l[j] = l[j] * alpha + warp_sum(w);
+      m[j] = mx;
+      s_p[g][lane] = w;
+      if (lane == 0) s_alpha[g] = alpha;
+    }
+    __syncthreads();  // s_p and s_alpha complete
+#pragma unroll
+    for (int j = 0; j < outs; ++j) {
+      const int g = threadIdx.x / D + j * (threads / D);
+      if (g < G) acc[j] *= s_alpha[g];
+    }
+    for (int r = 0; r < n; ++r) {
+      const float v = to_f32(vs[r][d]);
+#pragma unroll
+      for (int j = 0; j < outs; ++j) {
+        const int g = threadIdx.x / D + j * (threads / D);
+        if (g < G) acc[j] += s_p[g][r] * v;
+      }
+    }
+    __syncthreads();  // this stage is free for the copies issued in the next iteration
+  }
+
+#pragma unroll
+  for (int j = 0; j < heads_per_warp; ++j) {
+    const int g = warp + j * num_warps;
+    if (g < G && lane == 0) s_m[g] = m[j], s_l[g] = l[j];
+  }
+  __syncthreads();
+  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+#pragma unroll
+  for (int j = 0; j < outs; ++j) {
+    const int g = threadIdx.x / D + j * (threads / D);
+    if (g >= group) continue;
+    const int h = kvh * group + g;
+    if (p.num_splits == 1) {
+      T* out = static_cast<T*>(p.out) + row * out_stride + h * D;
+      out[d] = from_f32<T>(s_l[g] > 0.0f ? acc[j] / s_l[g] : 0.0f);
+    } else {
+      const std::int64_t part = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits + split;
+      p.partial_out[part * D + d] = acc[j];
+      if (d == 0) {
+        p.partial_ml[part * 2] = s_m[g];
+        p.partial_ml[part * 2 + 1] = s_l[g];
+      }
+    }
+  }
+}
+
 // Combines the splits of one (row, head): grid (T, n_q_heads), head_dim threads.
 template <typename T>
 __global__ void attention_merge_kernel(const AttentionParams p) {
@@ -242,6 +402,46 @@ void launch_rows_dim(cudaStream_t stream, const AttentionParams& p) {
   else launch_rows<T, D, 8>(stream, p);
 }
 
+template <int D>
+void launch_tiles_dim(cudaStream_t stream, const AttentionParams& p) {
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
+  if (group <= 1) launch_pdl(attention_tiles_kernel<D, 1>, grid, dim3(threads), 0, stream, p);
+  else if (group <= 2) launch_pdl(attention_tiles_kernel<D, 2>, grid, dim3(threads), 0, stream, p);
+  else if (group <= 4) launch_pdl(attention_tiles_kernel<D, 4>, grid, dim3(threads), 0, stream, p);
+  else launch_pdl(attention_tiles_kernel<D, 8>, grid, dim3(threads), 0, stream, p);
+  if (p.num_splits > 1)
+    launch_pdl(attention_merge_kernel<__nv_bfloat16>, dim3(p.num_tokens, p.n_q_heads), dim3(p.head_dim), 0, stream, p);
+}
+
+bool use_tiles(DType dt, std::int32_t head_dim) noexcept {
+  static const bool enabled = [] {
+    const char* env = std::getenv("XSERV_CUDA_ATTN_TILES");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return enabled && dt == DType::bf16 && (head_dim == 64 || head_dim == 128);
+}
+
+// Blocks of the tile kernel resident on one SM (shared memory bounds it, not registers), per
+// head_dim (64, 128) and group bucket (1, 2, 4, 8); asked once.
+int tiles_blocks_per_sm(std::int32_t head_dim, std::int32_t group) {
+  static const auto table = [] {
+    std::array<std::array<int, 4>, 2> t{};
+    const auto query = [](auto kernel) {
+      int blocks = 0;
+      XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+      return std::max(blocks, 1);
+    };
+    t[0] = {query(attention_tiles_kernel<64, 1>), query(attention_tiles_kernel<64, 2>),
+            query(attention_tiles_kernel<64, 4>), query(attention_tiles_kernel<64, 8>)};
+    t[1] = {query(attention_tiles_kernel<128, 1>), query(attention_tiles_kernel<128, 2>),
+            query(attention_tiles_kernel<128, 4>), query(attention_tiles_kernel<128, 8>)};
+    return t;
+  }();
+  const int g = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
+  return table[head_dim == 64 ? 0 : 1][static_cast<std::size_t>(g)];
+}
+
 template <typename T>
 void launch_rows_typed(cudaStream_t stream, const AttentionParams& p) {
   if (p.head_dim <= 32) launch_rows_dim<T, 32>(stream, p);
@@ -255,8 +455,31 @@ bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcep
   return head_dim >= 1 && head_dim <= 128 && group >= 1 && group <= 8;
 }
 
+AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_t group,
+                                    std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
+                                    int sm_count) {
+  // The tile kernel: enough splits for one full wave of resident blocks (fewer, longer splits
+  // only leave SMs idle; more add merge work and a second wave), each a multiple of the tile.
+  // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
+  // pass of a block's warps).
+  const bool tiles = use_tiles(dt, head_dim);
+  const int per_sm = tiles ? tiles_blocks_per_sm(head_dim, group) : 2;
+  const std::int32_t unit = tiles ? tile_keys : 16;
+  const std::int64_t want = std::max<std::int64_t>(1, (per_sm * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads);
+  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, std::max(1, context_bucket / unit)));
+  std::int32_t size = (context_bucket + splits - 1) / splits;
+  size = (size + unit - 1) / unit * unit;
+  splits = (context_bucket + size - 1) / size;
+  return {splits, size};
+}
+
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0) return;
+  if (use_tiles(dt, p.head_dim)) {
+    if (p.head_dim == 64) launch_tiles_dim<64>(stream, p);
+    else launch_tiles_dim<128>(stream, p);
+    return;
+  }
   if (dt == DType::f32) launch_rows_typed<float>(stream, p);
   else launch_rows_typed<__nv_bfloat16>(stream, p);
 }

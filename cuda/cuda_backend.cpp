@@ -19,6 +19,8 @@
 //   longest context that sizes split-KV decode.
 #include "cuda/cuda_backend.hpp"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -197,6 +199,7 @@ class CudaBackend final : public Backend {
   struct Graph {
     bool warmed = false;
     cudaGraphExec_t exec = nullptr;
+    int replays = 0;
   };
   using GraphKey = std::tuple<std::uint64_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
                               std::int32_t, std::int32_t>;
@@ -607,18 +610,14 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
               ErrorCode::unsupported, "attention: head_dim {} with {} q heads per kv head",
               heads.head_dim, heads.n_q_heads / heads.n_kv_heads);
   // Splits are sized from the power-of-two bucket of the longest context, not the context itself,
-  // so a recorded graph covers every context up to its bucket. Aim for two blocks per SM.
+  // so a recorded graph covers every context up to its bucket.
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
-  const std::int64_t base = static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads;
-  // Splits go down to 16 keys (one pass of a block's warps): a short context then spreads over
-  // more SMs instead of each block walking several dependent load rounds.
-  const std::int64_t want = std::max<std::int64_t>(1, (2 * sm_count_ + base - 1) / base);
-  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, bucket / 16));
-  std::int32_t split_size = (bucket + splits - 1) / splits;
-  split_size = (split_size + 15) / 16 * 16;
-  splits = (bucket + split_size - 1) / split_size;
+  const AttentionSplit split =
+      attention_rows_split(dt, heads.head_dim, heads.n_q_heads / heads.n_kv_heads,
+                           static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, bucket, sm_count_);
+  const std::int32_t splits = split.num_splits;
   p.num_splits = splits;
-  p.split_size = split_size;
+  p.split_size = split.split_size;
   if (splits > 1) {
     const std::size_t parts = static_cast<std::size_t>(p.num_tokens) * p.n_q_heads * splits;
     const std::size_t bytes = parts * (static_cast<std::size_t>(p.head_dim) + 2) * sizeof(float);
@@ -790,7 +789,20 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
   const GraphKey k{key, t, s, r, q, bucket, stride};
   Graph& g = graphs_[k];
   if (g.exec) {
+    // XSERV_CUDA_PROFILE_REPLAY=N: the N-th replay of each recording runs between
+    // cudaProfilerStart and Stop, so `ncu --profile-from-start off` times the kernels of exactly
+    // one decode step per batch shape (scripts/cuda_device_run.sh profile).
+    static const int profile_replay = [] {
+      const char* env = std::getenv("XSERV_CUDA_PROFILE_REPLAY");
+      return env ? std::atoi(env) : 0;
+    }();
+    const bool profile = ++g.replays == profile_replay;
+    if (profile) XSERV_CUDA_CHECK(cudaProfilerStart());
     XSERV_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    if (profile) {
+      XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      XSERV_CUDA_CHECK(cudaProfilerStop());
+    }
     return;
   }
   if (!g.warmed) {

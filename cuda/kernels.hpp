@@ -118,6 +118,15 @@ struct AttentionParams {
 };
 // One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
+// How launch_attention_rows splits each row's keys: num_splits blocks of split_size keys, for
+// rows_x_kv_heads = rows * n_kv_heads and contexts up to context_bucket keys (the split depends
+// on the bucket only, so a recorded graph stays valid while contexts grow within it).
+struct AttentionSplit {
+  std::int32_t num_splits, split_size;
+};
+AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_t group,
+                                    std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
+                                    int sm_count);
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;
 // Tensor-core tiles of 64 query rows (bf16, head_dim 64 or 128).
 void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p);
