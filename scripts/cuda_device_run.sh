@@ -101,6 +101,7 @@ if [ "$stage" = profile ]; then
   {
     ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128_before "${before[@]}"
     ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128
+    ncu_step bench/configs/qwen3-8b.json 64 ncu_8b_64
     ncu_step bench/configs/qwen3-8b.json 16 ncu_8b_16
     ncu_step bench/configs/qwen3-1.7b.json 128 ncu_17b_128
   } 2>&1 | tee "$OUT/ncu.txt"
