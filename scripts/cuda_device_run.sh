@@ -91,13 +91,14 @@ ncu_step() {  # model config, rows, log name, env...: kernel times of one graph-
   env XSERV_CUDA_PROFILE_REPLAY=3 "${@:4}" timeout 120 ncu --clock-control none --cache-control none \
     --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
     "$bin/generate_bench" --dummy-weights --config "$cfg" --device cuda --batch "$rows" \
-    --prompt-len 128 --gen-len 6 --repeat 1 >"$OUT/$name.csv" 2>&1
-  python3 scripts/ncu_table.py "$OUT/$name.csv" || tail -5 "$OUT/$name.csv"
+    --prompt-len 128 --gen-len 6 --repeat 1 >"/tmp/ncu/$name.csv" 2>&1
+  python3 scripts/ncu_table.py "/tmp/ncu/$name.csv" || tail -5 "/tmp/ncu/$name.csv"
 }
 
 if [ "$stage" = profile ]; then
   run_cuda_tests 150
   before=(XSERV_CUDA_ATTN_TILES=0 XSERV_CUDA_GEMM_TUNE=0)
+  mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)
   {
     ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128_before "${before[@]}"
     ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128
@@ -105,6 +106,7 @@ if [ "$stage" = profile ]; then
     ncu_step bench/configs/qwen3-8b.json 16 ncu_8b_16
     ncu_step bench/configs/qwen3-1.7b.json 128 ncu_17b_128
   } 2>&1 | tee "$OUT/ncu.txt"
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
   ab() {  # label, command...: the command with the changes off, then on
     echo "== $1"
     echo "-- before"; env "${before[@]}" timeout 120 "${@:2}" 2>&1 | grep -E "^\| [0-9]"
