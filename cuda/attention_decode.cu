@@ -212,15 +212,20 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
 // ---- bf16 rows, head_dim 64 or 128: K/V tiles staged in shared memory --------------------
 // The register kernel above keeps q, the accumulators and the loaded keys of every q head of
 // the group in registers (Qwen3-8B: G = 4, D = 128 -> 234 registers a thread, two blocks an
-// SM), so a long split keeps only a few KB in flight per SM and ran at a fraction of the
-// bandwidth (16k-token decode: 0.76 TB/s). Here a block copies tiles of tile_keys keys' K and V
-// rows into shared memory with cp.async, two tiles deep (the next tile's copies are in flight
-// while this one is used), and the registers hold only each thread's few outputs:
-// - scores: warp w takes the q heads g = w, w + 4, ...; lane r the key r of the tile (one key per
-//   lane: tile_keys == 32), a dot product over D read from shared memory, then the warp's online
-//   softmax update of (m, l) for that head;
-// - P.V: thread t owns output column d = t % D of heads t / D, t / D + threads / D, ... and adds
-//   p[g][r] * V[r][d] over the tile's keys (each V element read once for all its heads).
+// SM), so few bytes are in flight per SM: 0.88 TB/s at 128 rows (ncu, 30% of a Qwen3-8B decode
+// step) and about as slow after a 16k-token prompt. Here a block copies tiles of tile_keys keys'
+// K and V rows into shared memory with cp.async, two tiles deep (the next tile's copies fly while
+// this one is used), and registers hold only each thread's few outputs:
+// - copies: two threads per K or V row, one block-table lookup each, made one tile ahead so
+//   its latency hides behind a tile of work;
+// - scores: warp w takes the q heads g = w, w + 4, ...; lane r the key r of the tile (one key
+//   per lane: tile_keys == 32), a dot product over D. K rows are stored with their 16-byte
+//   pieces XOR-swizzled by the key (piece c of key r at c ^ (r % 8)), so the lanes of a warp
+//   read the same logical piece from different banks while the q piece they share is one
+//   broadcast read;
+// - online softmax: per head, the warp's max and sum of the tile (shuffles), p into shared;
+// - P.V: thread t owns output column d = t % D of heads t / D, t / D + threads / D, ...; each V
+//   element is read once for all of the thread's heads, p four keys at a time.
 // Same split-KV contract and partial format as the register kernel (attention_merge_kernel).
 constexpr int tile_keys = 32;
 
@@ -235,13 +240,15 @@ __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_
 template <int D, int G>
 __global__ void __launch_bounds__(threads) attention_tiles_kernel(const AttentionParams p) {
   using T = __nv_bfloat16;
-  constexpr int chunks = D * 2 / 16;                        // 16-byte pieces of a key's row
+  constexpr int chunks = D * 2 / 16;                    // 16-byte pieces of a key's row
+  constexpr int row_threads = threads / (2 * tile_keys);  // threads copying one K or V row
   constexpr int heads_per_warp = (G + num_warps - 1) / num_warps;
-  constexpr int outs = (G * D + threads - 1) / threads;      // outputs a thread owns
-  static_assert(tile_keys == 32 && threads % D == 0, "one key per lane; D divides the block");
-  __shared__ __align__(16) T s_kv[2][2][tile_keys][D];       // [stage][K, V][key][dim]
+  constexpr int outs = (G * D + threads - 1) / threads;  // outputs a thread owns
+  static_assert(tile_keys == 32 && threads % D == 0 && chunks % row_threads == 0 && chunks >= 8,
+                "one key per lane, D divides the block, whole pieces per copying thread");
+  __shared__ __align__(16) T s_kv[2][2][tile_keys][D];  // [stage][K, V][key][dim]
   __shared__ __align__(16) float s_q[G][D];
-  __shared__ float s_p[G][tile_keys];
+  __shared__ __align__(16) float s_p[G][tile_keys];
   __shared__ float s_alpha[G], s_m[G], s_l[G];
 
   allow_dependents();
@@ -249,29 +256,45 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int seq = find_sequence(p.query_start, p.num_seqs, row);
+  // A decode step (one row per sequence) needs no search: its log2(S) dependent loads would
+  // delay every block's first copy.
+  const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
+  const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
   const int q_len = p.query_start[seq + 1] - p.query_start[seq];
   const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
   const int k_begin = split * p.split_size;
   const int k_end = min(n_keys, k_begin + p.split_size);
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + tile_keys - 1) / tile_keys : 0;
 
+  // This thread's share of the copies: pieces [c_first, c_first + chunks / row_threads) of key
+  // row `copy_r` of K (copy_kv 0) or V (1).
+  const int copy_row = threadIdx.x / row_threads;
+  const int copy_kv = copy_row / tile_keys, copy_r = copy_row % tile_keys;
+  const int c_first = threadIdx.x % row_threads * (chunks / row_threads);
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
-  auto load_tile = [&](int tile) {
-    const int k0 = k_begin + tile * tile_keys;
-    const int n = min(tile_keys, k_end - k0);
-    for (int i = threadIdx.x; i < 2 * tile_keys * chunks; i += threads) {
-      const int c = i % chunks, r = (i / chunks) % tile_keys, kv = i / (chunks * tile_keys);
-      if (r >= n) continue;  // past the split: never read (the loops below stop at n)
-      const int k = k0 + r;
-      const std::int64_t slot = static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size + k % p.block_size;
-      copy_async16(&s_kv[tile & 1][kv][r][c * 8], (kv ? vc : kc) + (slot * p.n_kv_heads + kvh) * D + c * 8);
-    }
-    copy_async_commit();
+  const T* cache = static_cast<const T*>(copy_kv ? p.v_cache : p.k_cache);
+  auto slot_of = [&](int tile) -> std::int64_t {  // -1: no key there
+    const int k = k_begin + tile * tile_keys + copy_r;
+    if (tile >= n_tiles || k >= k_end) return -1;
+    return static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size + k % p.block_size;
   };
-  if (n_tiles > 0) load_tile(0);
+  auto copy_tile = [&](int tile, std::int64_t slot) {
+    if (slot >= 0) {
+      const T* src = cache + (slot * p.n_kv_heads + kvh) * D;
+      T* dst = s_kv[tile & 1][copy_kv][copy_r];
+#pragma unroll
+      for (int c = c_first; c < c_first + chunks / row_threads; ++c) {
+        const int at = copy_kv == 0 ? c ^ (copy_r & 7) : c;  // K swizzled, V as is
+        copy_async16(dst + at * 8, src + c * 8);
+      }
+    }
+    copy_async_commit();  // an empty group past the keys keeps the wait counts uniform
+  };
+  std::int64_t next_slot = slot_of(0);
+  if (n_tiles > 0) {
+    copy_tile(0, next_slot);
+    next_slot = slot_of(1);
+  }
 
   const T* q_row = static_cast<const T*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride;
   for (int i = threadIdx.x; i < G * D; i += threads) {
@@ -288,7 +311,8 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) {
-      load_tile(tile + 1);
+      copy_tile(tile + 1, next_slot);
+      next_slot = slot_of(tile + 2);  // consumed next iteration: its latency hides behind this tile
       copy_async_wait<1>();
     } else {
       copy_async_wait<0>();
@@ -303,10 +327,9 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
       if (g >= G) break;
       float s = 0.0f;
 #pragma unroll
-      for (int c0 = 0; c0 < chunks; ++c0) {
-        const int c = (c0 + lane) % chunks;  // lanes start at different pieces: no bank conflicts
+      for (int c = 0; c < chunks; ++c) {
         float kf[8];
-        load_f32<T, 8>(&ks[lane][c * 8], kf);
+        load_f32<T, 8>(&ks[lane][(c ^ (lane & 7)) * 8], kf);
         const float4 qa = *reinterpret_cast<const float4*>(&s_q[g][c * 8]);
         const float4 qb = *reinterpret_cast<const float4*>(&s_q[g][c * 8 + 4]);
         s += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
@@ -327,12 +350,17 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
       const int g = threadIdx.x / D + j * (threads / D);
       if (g < G) acc[j] *= s_alpha[g];
     }
-    for (int r = 0; r < n; ++r) {
-      const float v = to_f32(vs[r][d]);
+    for (int r0 = 0; r0 < n; r0 += 4) {
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = r0 + i < n ? to_f32(vs[r0 + i][d]) : 0.0f;  // never stale rows
 #pragma unroll
       for (int j = 0; j < outs; ++j) {
         const int g = threadIdx.x / D + j * (threads / D);
-        if (g < G) acc[j] += s_p[g][r] * v;
+        if (g < G) {
+          const float4 w = *reinterpret_cast<const float4*>(&s_p[g][r0]);
+          acc[j] += w.x * v[0] + w.y * v[1] + w.z * v[2] + w.w * v[3];
+        }
       }
     }
     __syncthreads();  // this stage is free for the copies issued in the next iteration

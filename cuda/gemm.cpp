@@ -1,8 +1,5 @@
 #include "cuda/gemm.hpp"
 
-#include <cstdlib>
-#include <string_view>
-
 #include "cuda/cuda_check.hpp"
 
 namespace xserv::cuda {
@@ -42,7 +39,7 @@ struct Gemm::Plan {
 };
 
 Gemm::Gemm(cudaStream_t stream, Allocator& workspace_allocator)
-    : stream_(stream), allocator_(workspace_allocator), workspace_(workspace_allocator, workspace_bytes) {
+    : stream_(stream), workspace_(workspace_allocator, workspace_bytes) {
   XSERV_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 
@@ -63,21 +60,6 @@ std::int64_t heuristic_rows(std::int64_t m) noexcept {
   while (b < m) b *= 2;
   return b;
 }
-
-// Row buckets whose algorithm is chosen by timing. At decode batch sizes the heuristic's first
-// choice is often a tile that gives the weight's N columns to a few dozen CTAs (N = 4096 with
-// 128-wide tiles: 32 of 132 SMs) and streams the weight well below the bandwidth a split-K or
-// narrower tile reaches; these GEMMs are most of a batched decode step. Prefill-sized products
-// keep the heuristic's choice (there it is near the compute ceiling already).
-// XSERV_CUDA_GEMM_TUNE=0 turns the timing off (for comparisons).
-bool tuned_rows(std::int64_t m) noexcept {
-  static const bool enabled = [] {
-    const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  return enabled && heuristic_rows(m) <= 256;
-}
-constexpr int tune_candidates = 8;
 }  // namespace
 
 cublasLtMatrixLayout_t Gemm::activation_layout(cudaDataType_t type, std::int64_t k, std::int64_t m) {
@@ -86,7 +68,7 @@ cublasLtMatrixLayout_t Gemm::activation_layout(cudaDataType_t type, std::int64_t
   return l;
 }
 
-Gemm::Plan& Gemm::plan(const Key& key, const Operands& operands) {
+Gemm::Plan& Gemm::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   const auto [dt_i, out_i, layout_i, m, n, k, ldo, has_bias, accumulate, al_a, al_b, al_c, al_bias] = key;
@@ -127,15 +109,7 @@ Gemm::Plan& Gemm::plan(const Key& key, const Operands& operands) {
     probe.b = activation_layout(type, k, std::get<3>(bucket));
     XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe.c, out_type, static_cast<std::uint64_t>(n),
                                                   static_cast<std::uint64_t>(std::get<3>(bucket)), ldo));
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    XSERV_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-    cublasLtMatmulAlgo_t algo;
-    if (tuned_rows(m) && capture == cudaStreamCaptureStatusNone) {
-      // Timed at this call's M on its operands (the bucket's other sizes run the same tiles).
-      algo = fastest(*p, heuristic(*p, p->a, p->b, p->c, {al_a, al_b, al_c}, key, tune_candidates), key, operands);
-    } else {
-      algo = heuristic(*p, p->a, probe.b, probe.c, {al_a, al_b, al_c}, key, 1).front().algo;
-    }
+    const cublasLtMatmulAlgo_t algo = heuristic(*p, p->a, probe.b, probe.c, {al_a, al_b, al_c}, key);
     found = algos_.emplace(bucket, algo).first;
   }
   cublasLtMatmulHeuristicResult_t check{};
@@ -144,21 +118,19 @@ Gemm::Plan& Gemm::plan(const Key& key, const Operands& operands) {
       check.workspaceSize <= workspace_bytes) {
     p->algo = found->second;
   } else {
-    p->algo = heuristic(*p, p->a, p->b, p->c, {al_a, al_b, al_c}, key, 1).front().algo;
+    p->algo = heuristic(*p, p->a, p->b, p->c, {al_a, al_b, al_c}, key);
   }
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
-std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristic(const Plan& p, cublasLtMatrixLayout_t a,
-                                                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                                             std::array<int, 3> alignment, const Key& key,
-                                                             int count) {
+cublasLtMatmulAlgo_t Gemm::heuristic(const Plan& p, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                     cublasLtMatrixLayout_t c, std::array<int, 3> alignment, const Key& key) {
   cublasLtMatmulPreference_t pref = nullptr;
   XSERV_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = workspace_bytes;
   const std::uint32_t align[4] = {static_cast<std::uint32_t>(alignment[0]), static_cast<std::uint32_t>(alignment[1]),
                                   static_cast<std::uint32_t>(alignment[2]), static_cast<std::uint32_t>(alignment[2])};
-  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(count));
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   if (status == CUBLAS_STATUS_SUCCESS)
@@ -170,51 +142,14 @@ std::vector<cublasLtMatmulHeuristicResult_t> Gemm::heuristic(const Plan& p, cubl
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[3], sizeof(std::uint32_t));
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, a, b, c, c, pref, count, results.data(), &found);
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, a, b, c, c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   XSERV_CUBLAS_CHECK(status);
   XSERV_CHECK(found > 0, ErrorCode::unsupported,
               "gemm: cuBLASLt has no algorithm for {} M={} N={} K={} (ldo {}, bias {})",
               dtype_name(static_cast<DType>(std::get<0>(key))), std::get<3>(key), std::get<4>(key),
               std::get<5>(key), std::get<6>(key), std::get<7>(key));
-  results.resize(static_cast<std::size_t>(found));
-  return results;
-}
-
-cublasLtMatmulAlgo_t Gemm::fastest(const Plan& p, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
-                                   const Key& key, const Operands& o) {
-  if (candidates.size() == 1) return candidates.front().algo;
-  const auto m = std::get<3>(key), ldo = std::get<6>(key);
-  // The products write a scratch output (beta = 1 would otherwise add into the real one).
-  Buffer out(allocator_, static_cast<std::size_t>(m * ldo) * dtype_size(static_cast<DType>(std::get<1>(key))));
-  XSERV_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size(), stream_));
-  if (o.bias)
-    XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias, sizeof(o.bias)));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  XSERV_CUDA_CHECK(cudaEventCreate(&start));
-  XSERV_CUDA_CHECK(cudaEventCreate(&stop));
-  const float alpha = 1.0f;
-  auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle_, p.desc, &alpha, o.w, p.a, o.a, p.b, &o.beta, out.data(), p.c, out.data(),
-                          p.c, &algo, workspace_.data(), workspace_bytes, stream_);
-  };
-  cublasLtMatmulAlgo_t best = candidates.front().algo;
-  float best_ms = 0.0f;
-  bool timed = false;
-  for (const auto& c : candidates) {
-    if (c.workspaceSize > workspace_bytes || launch(c.algo) != CUBLAS_STATUS_SUCCESS) continue;
-    constexpr int reps = 5;
-    XSERV_CUDA_CHECK(cudaEventRecord(start, stream_));
-    for (int i = 0; i < reps; ++i) (void)launch(c.algo);
-    XSERV_CUDA_CHECK(cudaEventRecord(stop, stream_));
-    XSERV_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    XSERV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (!timed || ms < best_ms) best = c.algo, best_ms = ms, timed = true;
-  }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
-  return best;
+  return result.algo;
 }
 
 void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w,
@@ -224,7 +159,7 @@ void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* 
   const Key key{static_cast<int>(dt), static_cast<int>(out_dt), static_cast<int>(layout), m, n, k, ldo, bias != nullptr,
                 beta != 0.0f, alignment_of(w), alignment_of(a), alignment_of(out),
                 bias ? alignment_of(bias) : 256};
-  Plan& p = plan(key, Operands{a, w, bias, beta});
+  Plan& p = plan(key);
   if (bias)
     XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;

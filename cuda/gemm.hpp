@@ -1,9 +1,6 @@
 // GEMMs through cuBLASLt: one handle and one workspace for the backend's life, matmul plans
 // (descriptors and layouts) cached per shape and the heuristic's algorithm per row bucket (see
-// heuristic_rows), so a decode step pays no setup and a new prompt length no heuristic query.
-// For decode-sized row buckets (M <= 256) the algorithm is the fastest of the heuristic's first
-// candidates, timed once on the real operands (tuned_rows in gemm.cpp says why).
-// bf16/f16 on tensor cores with f32 accumulation; f32 with plain f32 compute (no TF32)
+// heuristic_rows), so a decode step pays no setup and a new prompt length no heuristic query. bf16/f16 on tensor cores with f32 accumulation; f32 with plain f32 compute (no TF32)
 // for GPT-2 parity. Bias rides the BIAS epilogue, a residual add is beta = 1 on C = D.
 #pragma once
 
@@ -15,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <tuple>
-#include <vector>
 
 #include "backend/backend.hpp"
 
@@ -37,28 +33,16 @@ class Gemm {
   struct Plan;
   using Key = std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool,
                          bool, int, int, int, int>;
-  // The operands of the call that creates a plan: candidates are timed on them.
-  struct Operands {
-    const void* a;
-    const void* w;
-    const void* bias;
-    float beta;
-  };
-  Plan& plan(const Key& key, const Operands& operands);
+  Plan& plan(const Key& key);
   static cublasLtMatrixLayout_t activation_layout(cudaDataType_t type, std::int64_t k, std::int64_t m);
-  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, cublasLtMatrixLayout_t a,
-                                                         cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                                                         std::array<int, 3> alignment, const Key& key,
-                                                         int count);
-  cublasLtMatmulAlgo_t fastest(const Plan& p, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
-                               const Key& key, const Operands& operands);
+  cublasLtMatmulAlgo_t heuristic(const Plan& p, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                 cublasLtMatrixLayout_t c, std::array<int, 3> alignment, const Key& key);
 
   cudaStream_t stream_;
-  Allocator& allocator_;
   cublasLtHandle_t handle_ = nullptr;
   Buffer workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;  // per exact shape
-  std::map<Key, cublasLtMatmulAlgo_t> algos_;   // the chosen algorithm per row bucket
+  std::map<Key, cublasLtMatmulAlgo_t> algos_;   // the heuristic's choice per row bucket
 };
 
 }  // namespace xserv::cuda

@@ -94,11 +94,14 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
 void WeightLoader::fill_dummy(Entry& e, std::size_t index) {
   const auto n = static_cast<std::size_t>(e.shape.numel());
   const std::size_t elem = dtype_size(dummy_dtype_);
-  // CPU memory is filled in place; other devices get a host staging copy (not zeroed first).
-  Buffer& b = owned_.emplace_back(backend_.allocator(), n * elem);
+  // CPU memory is filled in place; other devices get a host staging copy (not zeroed first),
+  // imported like a checkpoint's tensor: weights then lie in declaration order in the weight
+  // memory, so stacked q|k|v and gate|up views form as they do for real checkpoints (and speed
+  // measured on dummy weights is the speed of a real model).
   const bool host = backend_.device().kind == DeviceKind::cpu;
+  Buffer* b = host ? &owned_.emplace_back(backend_.allocator(), n * elem) : nullptr;
   std::unique_ptr<std::uint8_t[]> staging(host ? nullptr : new std::uint8_t[n * elem]);
-  std::uint8_t* out = host ? static_cast<std::uint8_t*>(b.data()) : staging.get();
+  std::uint8_t* out = host ? static_cast<std::uint8_t*>(b->data()) : staging.get();
   // Uniform values of std 0.02 (GPT-2's init) keep activations of deep random models finite.
   const float scale = 0.02f * std::sqrt(3.0f);
   const std::uint64_t key = mix(seed_ ^ mix(index + 1));
@@ -133,10 +136,11 @@ void WeightLoader::fill_dummy(Entry& e, std::size_t index) {
     }
     for (auto& th : pool) th.join();
   }
-  *e.dst = Tensor(b.data(), dummy_dtype_, e.shape, backend_.device());
-  if (!host) {
-    backend_.upload(*e.dst, staging.get());
-    backend_.synchronize();  // `staging` is freed on return; an upload may still be reading it
+  if (host) {
+    *e.dst = Tensor(b->data(), dummy_dtype_, e.shape, backend_.device());
+  } else {
+    *e.dst = backend_.import_weight(Tensor(staging.get(), dummy_dtype_, e.shape));
+    backend_.synchronize();  // `staging` is freed on return; a copy may still be reading it
   }
 }
 
