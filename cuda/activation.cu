@@ -3,7 +3,8 @@
 // Layout: contiguous row-major; swiglu reads gate_up [rows, 2 * inner] (gate half first) and
 // writes out [rows, inner]; gather_rows copies rows of x [*, dim] to out [num_rows, dim].
 // Launch: grid-stride loops of 256-thread blocks, one element per thread per step (these are
-// memory bound and small next to the GEMMs around them).
+// memory bound and small next to the GEMMs around them); swiglu with 16-byte accesses when the
+// shapes allow (batched decode runs it at every layer).
 #include <cuda_fp16.h>
 
 #include "cuda/common.cuh"
@@ -40,6 +41,37 @@ __global__ void swiglu_kernel(T* out, const T* gate_up, std::int64_t rows, std::
     // HF computes silu(gate) in the activation dtype, then multiplies: round in between.
     const float s = to_f32(from_f32<T>(g / (1.0f + expf(-g))));
     out[i] = from_f32<T>(s * u);
+  }
+}
+
+// The same with 16-byte accesses: one thread per N = 16 / sizeof(T) columns of a row, the row
+// from blockIdx.y (no 64-bit division per element, a quarter or an eighth of the accesses; at
+// 128 decode rows of Qwen3-8B the scalar kernel took 8 us a layer). inner % N == 0 and 16-byte
+// aligned buffers (launch_swiglu checks).
+template <typename T>
+__global__ void swiglu_vec_kernel(T* out, const T* gate_up, std::int64_t inner) {
+  constexpr int N = 16 / sizeof(T);
+  const std::int64_t c = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) * N;
+  if (c >= inner) return;
+  const std::int64_t r = blockIdx.y;
+  float g[N], u[N], y[N];
+  load_f32<T, N>(gate_up + r * 2 * inner + c, g);
+  load_f32<T, N>(gate_up + r * 2 * inner + inner + c, u);
+#pragma unroll
+  for (int i = 0; i < N; ++i) y[i] = to_f32(from_f32<T>(g[i] / (1.0f + expf(-g[i])))) * u[i];
+  store_f32<T, N>(out + r * inner + c, y);
+}
+
+template <typename T>
+void launch_swiglu_typed(cudaStream_t stream, T* out, const T* gate_up, std::int64_t rows,
+                         std::int64_t inner) {
+  constexpr int N = 16 / sizeof(T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if (inner % N == 0 && aligned(out) && aligned(gate_up) && rows < 65536) {
+    const dim3 grid(static_cast<unsigned>((inner / N + threads - 1) / threads), static_cast<unsigned>(rows));
+    swiglu_vec_kernel<<<grid, threads, 0, stream>>>(out, gate_up, inner);
+  } else {
+    swiglu_kernel<<<blocks_for(rows * inner), threads, 0, stream>>>(out, gate_up, rows, inner);
   }
 }
 
@@ -123,11 +155,10 @@ void launch_swiglu(cudaStream_t stream, DType dt, void* out, const void* gate_up
   const std::int64_t n = rows * inner;
   if (n == 0) return;
   if (dt == DType::f32) {
-    swiglu_kernel<<<blocks_for(n), threads, 0, stream>>>(
-        static_cast<float*>(out), static_cast<const float*>(gate_up), rows, inner);
+    launch_swiglu_typed(stream, static_cast<float*>(out), static_cast<const float*>(gate_up), rows, inner);
   } else {
-    swiglu_kernel<<<blocks_for(n), threads, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(out), static_cast<const __nv_bfloat16*>(gate_up), rows, inner);
+    launch_swiglu_typed(stream, static_cast<__nv_bfloat16*>(out),
+                        static_cast<const __nv_bfloat16*>(gate_up), rows, inner);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

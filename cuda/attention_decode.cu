@@ -392,25 +392,49 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
   }
 }
 
-// Combines the splits of one (row, head): grid (T, n_q_heads), head_dim threads.
+// Combines the splits of one (row, head): grid (T, n_q_heads), merge_threads threads. Long
+// contexts have a hundred splits and more, so the loops over splits run across the block (a
+// loop of dependent L2 round trips per thread took ~0.5 us a split): the maxima and weights in
+// parallel, then head_dim columns x (merge_threads / head_dim) slices of the splits, each slice
+// with several loads in flight, the slices summed through shared memory.
+constexpr int merge_threads = 512;
+constexpr int max_splits = 512;
+
 template <typename T>
-__global__ void attention_merge_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(merge_threads) attention_merge_kernel(const AttentionParams p) {
+  __shared__ float s_w[max_splits];
+  __shared__ float s_scratch[32];
+  __shared__ float s_acc[merge_threads];
   allow_dependents();
   grid_dependency_wait();
-  const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits;
+  const int row = blockIdx.x, h = blockIdx.y, dim = p.head_dim, splits = p.num_splits;
+  const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * splits;
+  const float* ml = p.partial_ml + first * 2;
   float mx = -CUDART_INF_F;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.partial_ml[(first + s) * 2]);
-  float sum = 0.0f, val = 0.0f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float ms = p.partial_ml[(first + s) * 2];
-    if (ms == -CUDART_INF_F) continue;  // a split past this row's keys
-    const float a = expf(ms - mx);
-    sum += p.partial_ml[(first + s) * 2 + 1] * a;
-    val += p.partial_out[(first + s) * p.head_dim + d] * a;
+  for (int s = threadIdx.x; s < splits; s += merge_threads) mx = fmaxf(mx, ml[s * 2]);
+  mx = block_max(mx, s_scratch);
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s < splits; s += merge_threads) {
+    const float ms = ml[s * 2];  // -inf: a split past this row's keys
+    const float a = ms == -CUDART_INF_F ? 0.0f : expf(ms - mx);
+    s_w[s] = a;
+    sum += ml[s * 2 + 1] * a;
   }
-  T* out = static_cast<T*>(p.out) + (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.head_dim;
-  out[d] = from_f32<T>(sum > 0.0f ? val / sum : 0.0f);
+  sum = block_sum(sum, s_scratch);  // its barriers also publish s_w
+  const int slices = merge_threads / dim, slice = threadIdx.x / dim, d = threadIdx.x % dim;
+  float val = 0.0f;
+  if (slice < slices) {
+    const float* part = p.partial_out + first * dim + d;
+#pragma unroll 8
+    for (int s = slice; s < splits; s += slices) val += part[static_cast<std::int64_t>(s) * dim] * s_w[s];
+  }
+  s_acc[threadIdx.x] = val;
+  __syncthreads();
+  if (threadIdx.x < dim) {
+    for (int i = 1; i < slices; ++i) val += s_acc[i * dim + threadIdx.x];
+    T* out = static_cast<T*>(p.out) + (static_cast<std::int64_t>(row) * p.n_q_heads + h) * dim;
+    out[threadIdx.x] = from_f32<T>(sum > 0.0f ? val / sum : 0.0f);
+  }
 }
 
 template <typename T, int D, int G>
@@ -418,7 +442,7 @@ void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
   launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, p);
   if (p.num_splits > 1)
-    launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(p.head_dim), 0, stream, p);
+    launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0, stream, p);
 }
 
 template <typename T, int D>
@@ -439,7 +463,7 @@ void launch_tiles_dim(cudaStream_t stream, const AttentionParams& p) {
   else if (group <= 4) launch_pdl(attention_tiles_kernel<D, 4>, grid, dim3(threads), 0, stream, p);
   else launch_pdl(attention_tiles_kernel<D, 8>, grid, dim3(threads), 0, stream, p);
   if (p.num_splits > 1)
-    launch_pdl(attention_merge_kernel<__nv_bfloat16>, dim3(p.num_tokens, p.n_q_heads), dim3(p.head_dim), 0, stream, p);
+    launch_pdl(attention_merge_kernel<__nv_bfloat16>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0, stream, p);
 }
 
 bool use_tiles(DType dt, std::int32_t head_dim) noexcept {
@@ -486,19 +510,28 @@ bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcep
 AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_t group,
                                     std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
                                     int sm_count) {
-  // The tile kernel: enough splits for one full wave of resident blocks (fewer, longer splits
-  // only leave SMs idle; more add merge work and a second wave), each a multiple of the tile.
-  // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
-  // pass of a block's warps).
-  const bool tiles = use_tiles(dt, head_dim);
-  const int per_sm = tiles ? tiles_blocks_per_sm(head_dim, group) : 2;
-  const std::int32_t unit = tiles ? tile_keys : 16;
-  const std::int64_t want = std::max<std::int64_t>(1, (per_sm * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads);
-  std::int32_t splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, std::max(1, context_bucket / unit)));
-  std::int32_t size = (context_bucket + splits - 1) / splits;
-  size = (size + unit - 1) / unit * unit;
-  splits = (context_bucket + size - 1) / size;
-  return {splits, size};
+  auto sized = [&](std::int32_t keys, std::int64_t want, std::int32_t unit) {
+    const auto splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, std::max(1, keys / unit)));
+    std::int32_t size = (keys + splits - 1) / splits;
+    size = (size + unit - 1) / unit * unit;
+    return AttentionSplit{(context_bucket + size - 1) / size, size};
+  };
+  if (!use_tiles(dt, head_dim)) {
+    // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
+    // pass of a block's warps).
+    return sized(context_bucket, std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads), 16);
+  }
+  // The tile kernel: one full wave of resident blocks holding keys. The longest context is
+  // more than half its bucket, so splits sized to give that wave at half the bucket keep at
+  // least one full wave busy (splits past a row's keys return at once); sized at the whole
+  // bucket, a context just past a power of two (16384 + a few) left half the SMs idle.
+  // Enough rows fill the wave unsplit.
+  const std::int64_t wave = static_cast<std::int64_t>(tiles_blocks_per_sm(head_dim, group)) * sm_count;
+  const std::int64_t want = (wave + rows_x_kv_heads - 1) / rows_x_kv_heads;
+  if (want <= 1) return {1, context_bucket};
+  const AttentionSplit s = sized(context_bucket / 2, want, tile_keys);
+  if (s.num_splits <= max_splits) return s;
+  return sized(context_bucket, max_splits, tile_keys);  // the merge's limit (bucket 64k and up)
 }
 
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {

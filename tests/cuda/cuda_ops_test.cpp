@@ -186,7 +186,7 @@ TEST_CASE("cuda gelu, swiglu and gather_rows", "[cuda]") {
   std::mt19937 rng(4);
   for (DType dt : kActs) {
     for (std::int64_t rows : {1, 9, 64}) {
-      for (std::int64_t inner : {64, 3072, 1000}) {
+      for (std::int64_t inner : {64, 3072, 1000, 1001}) {  // 1001: the scalar swiglu path
         INFO(dtype_name(dt) << " rows=" << rows << " inner=" << inner);
         auto x = randn(rng, static_cast<std::size_t>(rows * inner), 2.0f);
         round_through(x, dt);
