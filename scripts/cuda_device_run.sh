@@ -15,10 +15,11 @@
 #   scripts/cuda_device_run.sh latency [cuda] tests, then load time, host RSS, first-token
 #                                       latency of unseen prompt lengths and greedy vs sampled
 #                                       decode through the C API (Qwen3-8B, 0.6B; c_api_bench)
-#   scripts/cuda_device_run.sh profile [cuda] tests, then long-context, serving and batch-1 speed
-#                                       with the tiled decode attention off (before) and on
-#                                       (after), then per-kernel times (ncu) of one graph-replayed
-#                                       Qwen3-8B decode step at 128 rows (dummy weights)
+#   scripts/cuda_device_run.sh attn    [cuda] tests, then long-context, serving and batch-1 speed
+#                                       with the tiled decode attention off (before) and on (after)
+#   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
+#                                       ncu_table.py) of one graph-replayed decode step at 16/64/
+#                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
 # Builds here with Ninja (about 35 s on the 16 cores), then runs.
 set -uo pipefail
 stage=${1:-check}
@@ -95,7 +96,7 @@ ncu_step() {  # model config, rows, log name, env...: kernel times of one graph-
   python3 scripts/ncu_table.py "/tmp/ncu/$name.csv" || tail -5 "/tmp/ncu/$name.csv"
 }
 
-if [ "$stage" = profile ]; then
+if [ "$stage" = attn ]; then
   run_cuda_tests 100
   before=(XSERV_CUDA_ATTN_TILES=0)  # the register attention kernel
   ab() {  # label, command...: the command with the change off, then on
@@ -105,14 +106,20 @@ if [ "$stage" = profile ]; then
   }
   dummy() { echo --dummy-weights --config bench/configs/$1.json --device cuda; }
   {
-    ab "generate_bench Qwen3-8B, decode after a 16384-token prompt" "$bin/generate_bench" $(dummy qwen3-8b) --prompt-len 16384 --gen-len 32 --batch 1 --repeat 1
-    ab "serve_bench Qwen3-8B, 128 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 128 --max-batch-tokens 2048
-    ab "generate_bench Qwen3-8B, 128+128, batch 1 and 128" "$bin/generate_bench" $(dummy qwen3-8b) --prompt-len 128 --gen-len 64 --batch 1,128 --repeat 1
-    ab "serve_bench Qwen3-1.7B, 128 at once" "$bin/serve_bench" $(dummy qwen3-1.7b) --concurrency 128 --max-batch-tokens 2048
+    ab "generate_bench Qwen3-8B, decode after a 16384-token prompt" "$bin/generate_bench" $(dummy qwen3-8b) --prompt-len 16384 --gen-len 16 --batch 1 --repeat 1
+    ab "serve_bench Qwen3-8B, 1 and 128 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 1,128 --max-batch-tokens 2048
     ab "generate_bench Qwen3-1.7B, decode after a 4096-token prompt" "$bin/generate_bench" $(dummy qwen3-1.7b) --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
   } 2>&1 | tee "$OUT/ab.txt"
-  mkdir -p /tmp/ncu  # the raw log comes back as one archive ($OUT takes at most 8 files)
-  ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128 2>&1 | tee "$OUT/ncu.txt"
+elif [ "$stage" = profile ]; then
+  run_cuda_tests 100
+  mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)
+  {
+    ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128_before XSERV_CUDA_ATTN_TILES=0
+    ncu_step bench/configs/qwen3-8b.json 128 ncu_8b_128
+    ncu_step bench/configs/qwen3-8b.json 64 ncu_8b_64
+    ncu_step bench/configs/qwen3-8b.json 16 ncu_8b_16
+    ncu_step bench/configs/qwen3-1.7b.json 128 ncu_17b_128
+  } 2>&1 | tee "$OUT/ncu.txt"
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = check ]; then
   run_cuda_tests 150
