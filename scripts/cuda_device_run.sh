@@ -108,7 +108,9 @@ if [ "$stage" = attn ]; then
   {
     ab "generate_bench Qwen3-8B, decode after a 16384-token prompt" "$bin/generate_bench" $(dummy qwen3-8b) --prompt-len 16384 --gen-len 16 --batch 1 --repeat 1
     ab "serve_bench Qwen3-8B, 1 and 128 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 1,128 --max-batch-tokens 2048
-    ab "generate_bench Qwen3-1.7B, decode after a 4096-token prompt" "$bin/generate_bench" $(dummy qwen3-1.7b) --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
+    if [ -n "${ATTN_17B:-}" ]; then
+      ab "generate_bench Qwen3-1.7B, decode after a 4096-token prompt" "$bin/generate_bench" $(dummy qwen3-1.7b) --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
+    fi
   } 2>&1 | tee "$OUT/ab.txt"
 elif [ "$stage" = profile ]; then
   run_cuda_tests 100
