@@ -68,7 +68,8 @@ void launch_swiglu_typed(cudaStream_t stream, T* out, const T* gate_up, std::int
   constexpr int N = 16 / sizeof(T);
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   if (inner % N == 0 && aligned(out) && aligned(gate_up) && rows < 65536) {
-    const dim3 grid(static_cast<unsigned>((inner / N + threads - 1) / threads), static_cast<unsigned>(rows));
+    const dim3 grid(static_cast<unsigned>((inner / N + threads - 1) / threads),
+                    static_cast<unsigned>(rows));
     swiglu_vec_kernel<<<grid, threads, 0, stream>>>(out, gate_up, inner);
   } else {
     swiglu_kernel<<<blocks_for(rows * inner), threads, 0, stream>>>(out, gate_up, rows, inner);
@@ -155,7 +156,8 @@ void launch_swiglu(cudaStream_t stream, DType dt, void* out, const void* gate_up
   const std::int64_t n = rows * inner;
   if (n == 0) return;
   if (dt == DType::f32) {
-    launch_swiglu_typed(stream, static_cast<float*>(out), static_cast<const float*>(gate_up), rows, inner);
+    launch_swiglu_typed(stream, static_cast<float*>(out), static_cast<const float*>(gate_up), rows,
+                        inner);
   } else {
     launch_swiglu_typed(stream, static_cast<__nv_bfloat16*>(out),
                         static_cast<const __nv_bfloat16*>(gate_up), rows, inner);

@@ -5,12 +5,15 @@
 // block table. pos_t = context_len - query_len + (t - query_start): causal within the step.
 // Split-KV: blockIdx.z takes keys [z * split_size, (z + 1) * split_size); with several splits
 // each block writes an unnormalised partial (max, sum, acc) and attention_merge combines them,
-// so long contexts spread over many SMs even at batch 1.
-// Launch: grid (T, n_kv_heads, num_splits), 128 threads. A key is read by L lanes (8, or 16
-// when G * head_dim is large, to bound registers), each owning D / L contiguous elements
-// loaded with 16-byte loads (D: the head_dim rounded up to 32, 64 or 128; a smaller head_dim
-// masks the tail with scalar loads); a warp reads 32 / L keys at once and keeps an online softmax per
-// lane group; groups then combine through shuffles, warps through shared memory.
+// so long contexts spread over many SMs even at batch 1 (attention_rows_split sizes them).
+// Two kernels, both launched as grid (T, n_kv_heads, num_splits) x 128 threads:
+// - attention_tiles_kernel (bf16, head_dim 64 or 128: every Qwen3): K/V tiles of 32 keys in
+//   shared memory, copied with cp.async two tiles deep; described at the kernel.
+// - attention_rows_kernel (f32, other head dims): a key is read by L lanes (8, or 16 when
+//   G * head_dim is large, to bound registers), each owning D / L contiguous elements loaded
+//   with 16-byte loads (D: the head_dim rounded up to 32, 64 or 128; a smaller head_dim masks
+//   the tail with scalar loads); a warp reads 32 / L keys at once and keeps an online softmax
+//   per lane group; groups then combine through shuffles, warps through shared memory.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -233,14 +236,18 @@ __device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 template <int D, int G>
 __global__ void __launch_bounds__(threads) attention_tiles_kernel(const AttentionParams p) {
   using T = __nv_bfloat16;
-  constexpr int chunks = D * 2 / 16;                    // 16-byte pieces of a key's row
+  constexpr int chunks = D * 2 / 16;                      // 16-byte pieces of a key's row
   constexpr int row_threads = threads / (2 * tile_keys);  // threads copying one K or V row
   constexpr int heads_per_warp = (G + num_warps - 1) / num_warps;
   constexpr int outs = (G * D + threads - 1) / threads;  // outputs a thread owns
@@ -271,7 +278,8 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
   const int copy_row = threadIdx.x / row_threads;
   const int copy_kv = copy_row / tile_keys, copy_r = copy_row % tile_keys;
   const int c_first = threadIdx.x % row_threads * (chunks / row_threads);
-  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const std::int32_t* table =
+      p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
   const T* cache = static_cast<const T*>(copy_kv ? p.v_cache : p.k_cache);
   auto slot_of = [&](int tile) -> std::int64_t {  // -1: no key there
     const int k = k_begin + tile * tile_keys + copy_r;
@@ -353,7 +361,8 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
     for (int r0 = 0; r0 < n; r0 += 4) {
       float v[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = r0 + i < n ? to_f32(vs[r0 + i][d]) : 0.0f;  // never stale rows
+      for (int i = 0; i < 4; ++i)
+        v[i] = r0 + i < n ? to_f32(vs[r0 + i][d]) : 0.0f;  // never stale rows
 #pragma unroll
       for (int j = 0; j < outs; ++j) {
         const int g = threadIdx.x / D + j * (threads / D);
@@ -382,7 +391,8 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
       T* out = static_cast<T*>(p.out) + row * out_stride + h * D;
       out[d] = from_f32<T>(s_l[g] > 0.0f ? acc[j] / s_l[g] : 0.0f);
     } else {
-      const std::int64_t part = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits + split;
+      const std::int64_t part =
+          (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits + split;
       p.partial_out[part * D + d] = acc[j];
       if (d == 0) {
         p.partial_ml[part * 2] = s_m[g];
@@ -426,7 +436,8 @@ __global__ void __launch_bounds__(merge_threads) attention_merge_kernel(const At
   if (slice < slices) {
     const float* part = p.partial_out + first * dim + d;
 #pragma unroll 8
-    for (int s = slice; s < splits; s += slices) val += part[static_cast<std::int64_t>(s) * dim] * s_w[s];
+    for (int s = slice; s < splits; s += slices)
+      val += part[static_cast<std::int64_t>(s) * dim] * s_w[s];
   }
   s_acc[threadIdx.x] = val;
   __syncthreads();
@@ -442,7 +453,8 @@ void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
   launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, p);
   if (p.num_splits > 1)
-    launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0, stream, p);
+    launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0,
+               stream, p);
 }
 
 template <typename T, int D>
@@ -458,12 +470,17 @@ template <int D>
 void launch_tiles_dim(cudaStream_t stream, const AttentionParams& p) {
   const int group = p.n_q_heads / p.n_kv_heads;
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  if (group <= 1) launch_pdl(attention_tiles_kernel<D, 1>, grid, dim3(threads), 0, stream, p);
-  else if (group <= 2) launch_pdl(attention_tiles_kernel<D, 2>, grid, dim3(threads), 0, stream, p);
-  else if (group <= 4) launch_pdl(attention_tiles_kernel<D, 4>, grid, dim3(threads), 0, stream, p);
-  else launch_pdl(attention_tiles_kernel<D, 8>, grid, dim3(threads), 0, stream, p);
+  if (group <= 1)
+    launch_pdl(attention_tiles_kernel<D, 1>, grid, dim3(threads), 0, stream, p);
+  else if (group <= 2)
+    launch_pdl(attention_tiles_kernel<D, 2>, grid, dim3(threads), 0, stream, p);
+  else if (group <= 4)
+    launch_pdl(attention_tiles_kernel<D, 4>, grid, dim3(threads), 0, stream, p);
+  else
+    launch_pdl(attention_tiles_kernel<D, 8>, grid, dim3(threads), 0, stream, p);
   if (p.num_splits > 1)
-    launch_pdl(attention_merge_kernel<__nv_bfloat16>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0, stream, p);
+    launch_pdl(attention_merge_kernel<__nv_bfloat16>, dim3(p.num_tokens, p.n_q_heads),
+               dim3(merge_threads), 0, stream, p);
 }
 
 bool use_tiles(DType dt, std::int32_t head_dim) noexcept {
@@ -511,7 +528,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
                                     std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
                                     int sm_count) {
   auto sized = [&](std::int32_t keys, std::int64_t want, std::int32_t unit) {
-    const auto splits = static_cast<std::int32_t>(std::min<std::int64_t>(want, std::max(1, keys / unit)));
+    const auto splits =
+        static_cast<std::int32_t>(std::min<std::int64_t>(want, std::max(1, keys / unit)));
     std::int32_t size = (keys + splits - 1) / splits;
     size = (size + unit - 1) / unit * unit;
     return AttentionSplit{(context_bucket + size - 1) / size, size};
@@ -519,14 +537,17 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   if (!use_tiles(dt, head_dim)) {
     // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
     // pass of a block's warps).
-    return sized(context_bucket, std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads), 16);
+    return sized(context_bucket,
+                 std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads),
+                 16);
   }
   // The tile kernel: one full wave of resident blocks holding keys. The longest context is
   // more than half its bucket, so splits sized to give that wave at half the bucket keep at
   // least one full wave busy (splits past a row's keys return at once); sized at the whole
   // bucket, a context just past a power of two (16384 + a few) left half the SMs idle.
   // Enough rows fill the wave unsplit.
-  const std::int64_t wave = static_cast<std::int64_t>(tiles_blocks_per_sm(head_dim, group)) * sm_count;
+  const std::int64_t wave =
+      static_cast<std::int64_t>(tiles_blocks_per_sm(head_dim, group)) * sm_count;
   const std::int64_t want = (wave + rows_x_kv_heads - 1) / rows_x_kv_heads;
   if (want <= 1) return {1, context_bucket};
   const AttentionSplit s = sized(context_bucket / 2, want, tile_keys);
@@ -537,8 +558,10 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0) return;
   if (use_tiles(dt, p.head_dim)) {
-    if (p.head_dim == 64) launch_tiles_dim<64>(stream, p);
-    else launch_tiles_dim<128>(stream, p);
+    if (p.head_dim == 64)
+      launch_tiles_dim<64>(stream, p);
+    else
+      launch_tiles_dim<128>(stream, p);
     return;
   }
   if (dt == DType::f32) launch_rows_typed<float>(stream, p);

@@ -26,9 +26,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <map>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
@@ -612,9 +612,9 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
   // Splits are sized from the power-of-two bucket of the longest context, not the context itself,
   // so a recorded graph covers every context up to its bucket.
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
-  const AttentionSplit split =
-      attention_rows_split(dt, heads.head_dim, heads.n_q_heads / heads.n_kv_heads,
-                           static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, bucket, sm_count_);
+  const AttentionSplit split = attention_rows_split(
+      dt, heads.head_dim, heads.n_q_heads / heads.n_kv_heads,
+      static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, bucket, sm_count_);
   const std::int32_t splits = split.num_splits;
   p.num_splits = splits;
   p.split_size = split.split_size;
