@@ -20,7 +20,10 @@
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
-# Builds here with Ninja (about 35 s on the 16 cores), then runs.
+# Builds here with Ninja (about 35 s on the 16 cores), then runs. On a machine still warm from
+# someone else's run, /tmp/b holds their build: sources unpacked from an archive keep their
+# older modification times and Ninja rebuilds nothing. Start from an empty /tmp/b then (or
+# unpack with `tar -m`).
 set -uo pipefail
 stage=${1:-check}
 OUT=${OUT:-/tmp/out}
