@@ -3,12 +3,15 @@
 //
 //   generate_bench (-m DIR | --dummy-weights --config FILE.json) [--device cpu|cuda]
 //                  [--batch B[,B...]] [--prompt-len P] [--gen-len G] [--threads N] [--repeat R]
+//                  [--profile]
 //
 // For each batch size: B random prompts of P tokens are prefilled (packed into forwards of up
 // to max(512, B x P) tokens), then G tokens are generated greedily per sequence (eos ignored).
 // prefill tok/s = prompt tokens / time of the steps that held prompt tokens (they include the
 // first sampling); decode tok/s = tokens / time of the pure decode steps (each step = one
 // forward of B tokens + sampling). The best of R runs is kept (after one warm-up run).
+// --profile: after the runs, one more run whose decode steps are broken down per op
+// (TimedBackend: wall time of each backend call) next to the engine's host time per step.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -23,6 +26,7 @@
 #include "core/error.hpp"
 #include "engine/generate.hpp"
 #include "models/model.hpp"
+#include "timed_backend.hpp"
 
 using namespace xserv;
 using bench::number;
@@ -35,6 +39,7 @@ struct Options {
   std::vector<std::int32_t> batches{1};
   std::int32_t prompt_len = 128, gen_len = 32, repeat = 3;
   std::size_t threads = 0;
+  bool profile = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -48,6 +53,7 @@ Options parse(int argc, char** argv) {
     if (a == "-m" || a == "--model") o.model = value();
     else if (a == "--config") o.config = value();
     else if (a == "--dummy-weights") o.dummy = true;
+    else if (a == "--profile") o.profile = true;
     else if (a == "--device") o.device = value();
     else if (a == "--prompt-len") o.prompt_len = number<std::int32_t>(value());
     else if (a == "--gen-len") o.gen_len = number<std::int32_t>(value());
@@ -66,6 +72,32 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// One more run of `reqs`: the per-op time of its decode steps (timing restarts at the first
+// token, which ends the prefill) and the engine's host time per step.
+void profile(Engine& engine, const std::vector<GenerationRequest>& reqs, bench::TimedBackend& timed) {
+  bool started = false;
+  EngineStats at_start;
+  auto on_token = [&](const TokenEvent&) {
+    if (!started) {
+      started = true;
+      timed.reset();
+      at_start = engine.stats();
+    }
+    return true;
+  };
+  GenerationStats s;
+  generate(engine, reqs, on_token, &s);
+  const EngineStats end = engine.stats();
+  const auto steps = static_cast<double>(s.decode_tokens) / static_cast<double>(reqs.size());
+  std::printf("\nprofile of the decode steps (batch %zu, %.0f steps, %.1f us per step; engine host "
+              "work %.1f us, forward %.1f us per step):\n",
+              reqs.size(), steps, 1e6 * s.decode_seconds / steps,
+              1e6 * (end.host_seconds - at_start.host_seconds) / steps,
+              1e6 * (end.forward_seconds - at_start.forward_seconds) / steps);
+  timed.print(steps);
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -75,7 +107,13 @@ int main(int argc, char** argv) try {
   const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
                           : o.device == "cuda"                ? DeviceKind::cuda
                                                               : DeviceKind::cpu;
-  auto backend = make_backend(kind, BackendOptions{o.threads, 0});
+  std::unique_ptr<Backend> backend = make_backend(kind, BackendOptions{o.threads, 0});
+  bench::TimedBackend* timed = nullptr;
+  if (o.profile) {
+    auto t = std::make_unique<bench::TimedBackend>(std::move(backend));
+    timed = t.get();
+    backend = std::move(t);
+  }
   const std::int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
@@ -135,6 +173,7 @@ int main(int argc, char** argv) try {
     }
     std::printf("| %d | %.1f | %.1f | %.2f |\n", b, best_prefill, best_decode, best_step);
     std::fflush(stdout);
+    if (timed) profile(engine, reqs, *timed);
   }
   return 0;
 } catch (const std::exception& e) {

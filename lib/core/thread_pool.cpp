@@ -1,26 +1,71 @@
 #include "core/thread_pool.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <system_error>
 
 #include "core/error.hpp"
 
 namespace xserv {
+namespace {
+
+// state_: generation (high 40 bits) | chunk count (12 bits) | next chunk to claim (12 bits).
+constexpr unsigned kIndexBits = 12;
+constexpr std::uint64_t kIndexMask = (std::uint64_t{1} << kIndexBits) - 1;
+constexpr std::size_t kMaxChunks = kIndexMask;  // 4095: next may reach the count
+
+constexpr std::uint64_t pack(std::uint64_t generation, std::uint64_t chunks) {
+  return generation << (2 * kIndexBits) | chunks << kIndexBits;
+}
+constexpr std::uint32_t chunks_of(std::uint64_t s) {
+  return static_cast<std::uint32_t>(s >> kIndexBits & kIndexMask);
+}
+constexpr std::uint32_t next_of(std::uint64_t s) {
+  return static_cast<std::uint32_t>(s & kIndexMask);
+}
+
+// The pool whose chunk this thread is running: a parallel_for on it from there runs inline.
+thread_local const ThreadPool* running_pool = nullptr;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls done() with a pause per probe for up to spin_us; true once done() holds.
+template <typename Done>
+bool poll(std::uint32_t spin_us, Done done) {
+  using clock = std::chrono::steady_clock;
+  if (done()) return true;
+  if (spin_us == 0) return false;
+  const auto deadline = clock::now() + std::chrono::microseconds(spin_us);
+  for (std::uint32_t probe = 1;; ++probe) {
+    cpu_relax();
+    if (done()) return true;
+    if (probe % 32 == 0 && clock::now() > deadline) return false;
+  }
+}
+
+}  // namespace
 
 std::size_t ThreadPool::max_threads() noexcept {
   const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
   return std::clamp<std::size_t>(4 * hw, 4, kAbsoluteMaxThreads);
 }
 
-ThreadPool::ThreadPool(std::size_t threads) {
+ThreadPool::ThreadPool(std::size_t threads, Options options) : options_(options) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   XSERV_CHECK(threads <= max_threads(), ErrorCode::invalid_argument,
               "{} threads asked; at most {} here (4 per hardware thread, never more than {})",
               threads, max_threads(), kAbsoluteMaxThreads);
+  options_.chunks_per_thread = std::max<std::uint32_t>(options_.chunks_per_thread, 1);
   workers_.reserve(threads - 1);
   for (std::size_t i = 1; i < threads; ++i) {
     try {
-      workers_.emplace_back([this, i] { worker_loop(i); });
+      workers_.emplace_back([this] { worker_loop(); });
     } catch (const std::system_error& e) {
       // The destructor will not run for a constructor that throws: stop what was started here,
       // or joinable std::threads would terminate the host.
@@ -39,74 +84,99 @@ ThreadPool::ThreadPool(std::size_t threads) {
 ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::stop_workers() noexcept {
+  stop_.store(true);
   {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
+    std::lock_guard lock(sleep_mutex_);  // a sleeper is in work_cv_.wait or sees stop_
+    work_cv_.notify_all();
   }
-  wake_.notify_all();
   for (auto& t : workers_)
     if (t.joinable()) t.join();
   workers_.clear();
 }
 
-void ThreadPool::run_chunk(std::size_t index) {
-  if (index >= chunks_) return;
-  std::size_t begin = n_ * index / chunks_;
-  std::size_t end = n_ * (index + 1) / chunks_;
+bool ThreadPool::claimable() const noexcept {
+  const std::uint64_t s = state_.load();
+  return next_of(s) < chunks_of(s);
+}
+
+void ThreadPool::run_chunk(std::uint64_t state) noexcept {
+  // Claimed: the loop stays current until this chunk is counted below.
+  const std::size_t chunks = chunks_of(state), index = next_of(state);
+  const std::size_t begin = n_ * index / chunks, end = n_ * (index + 1) / chunks;
+  const ThreadPool* outer = running_pool;
+  running_pool = this;
   try {
     if (begin < end) (*fn_)(begin, end);
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(error_mutex_);
     if (!error_) error_ = std::current_exception();
   }
+  running_pool = outer;
+  if (remaining_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
+    std::lock_guard lock(sleep_mutex_);  // the caller is in done_cv_.wait or sees 0 first
+    done_cv_.notify_one();
+  }
 }
 
-void ThreadPool::worker_loop(std::size_t index) {
-  std::size_t seen = 0;
-  for (;;) {
-    {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-    }
-    run_chunk(index);
-    {
-      std::lock_guard lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+void ThreadPool::run_chunks() noexcept {
+  std::uint64_t s = state_.load(std::memory_order_acquire);
+  while (next_of(s) < chunks_of(s)) {
+    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
+                                     std::memory_order_acquire)) {
+      run_chunk(s);
+      s = state_.load(std::memory_order_acquire);
     }
   }
 }
 
-void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn,
-                              std::size_t grain) {
+void ThreadPool::wait_for_work() noexcept {
+  if (poll(options_.spin_us, [&] { return claimable() || stop_.load(); })) return;
+  std::unique_lock lock(sleep_mutex_);
+  sleeping_workers_.fetch_add(1);
+  work_cv_.wait(lock, [&] { return claimable() || stop_.load(); });
+  sleeping_workers_.fetch_sub(1);
+}
+
+void ThreadPool::wait_for_done() noexcept {
+  if (poll(options_.spin_us, [&] { return remaining_.load() == 0; })) return;
+  std::unique_lock lock(sleep_mutex_);
+  caller_sleeping_.store(true);
+  done_cv_.wait(lock, [&] { return remaining_.load() == 0; });
+  caller_sleeping_.store(false);
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    wait_for_work();
+    if (stop_.load()) return;
+    run_chunks();
+  }
+}
+
+void ThreadPool::parallel_for(std::size_t n, const Fn& fn, std::size_t grain) {
   if (n == 0) return;
   grain = std::max<std::size_t>(grain, 1);
-  std::size_t chunks = std::min(size(), (n + grain - 1) / grain);
-  if (chunks <= 1 || workers_.empty()) {
+  const std::size_t chunks =
+      std::min({options_.chunks_per_thread * size(), std::max<std::size_t>(n / grain, 1),
+                kMaxChunks});
+  if (chunks <= 1 || workers_.empty() || running_pool == this) {
     fn(0, n);
     return;
   }
   std::lock_guard loop_lock(loop_mutex_);
-  {
-    std::lock_guard lock(mutex_);
-    fn_ = &fn;
-    n_ = n;
-    chunks_ = chunks;
-    pending_ = workers_.size();
-    error_ = nullptr;
-    ++generation_;
+  fn_ = &fn;
+  n_ = n;
+  error_ = nullptr;
+  remaining_.store(static_cast<std::uint32_t>(chunks), std::memory_order_relaxed);
+  state_.store(pack(++last_generation_, chunks));  // publishes the loop (seq_cst: the handshake)
+  if (sleeping_workers_.load() != 0) {
+    std::lock_guard lock(sleep_mutex_);  // a sleeper is in work_cv_.wait or sees the loop
+    work_cv_.notify_all();
   }
-  wake_.notify_all();
-  run_chunk(0);
-  std::exception_ptr error;
-  {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    fn_ = nullptr;
-    error = error_;
-  }
-  if (error) std::rethrow_exception(error);
+  run_chunks();
+  wait_for_done();
+  fn_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
 }
 
 }  // namespace xserv
