@@ -173,7 +173,13 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
 
   const KernelTable& kt = *kernels_;
   const std::int32_t group = heads.n_q_heads / heads.n_kv_heads;
-  const auto workers = static_cast<std::int64_t>(pool_.size());
+  // As many threads as there is K/V to read, at least min_parallel_bytes each: a short decode
+  // context of a small model (tens of KB) runs faster on the calling thread than handed off.
+  std::int64_t keys = 0;
+  for (std::int64_t t = 0; t < t_count; ++t) keys += pos[t] + 1;
+  const std::int64_t kv_bytes = keys * 2 * heads.n_kv_heads * d * std::int64_t{sizeof(float)};
+  const auto workers = std::clamp<std::int64_t>(kv_bytes / min_parallel_bytes(), 1,
+                                                static_cast<std::int64_t>(pool_.size()));
   // Tasks are (row, range of kv heads): all heads of a row in one task reads each cached slot
   // as one contiguous run, so rows are split into head ranges only as far as needed to give
   // every thread work (decode of a few sequences).

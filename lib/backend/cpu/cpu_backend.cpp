@@ -20,8 +20,31 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace xserv::cpu {
 
+namespace {
+
+// The pool's hand-off settings; XSERV_CPU_SPIN_US and XSERV_CPU_CHUNKS override the defaults
+// (for measuring on a given machine; see ThreadPool::Options and docs/cpu.md).
+ThreadPool::Options pool_options() {
+  ThreadPool::Options o;
+  if (const char* v = std::getenv("XSERV_CPU_SPIN_US"))
+    o.spin_us = static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
+  if (const char* v = std::getenv("XSERV_CPU_CHUNKS"))
+    o.chunks_per_thread = static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
+  return o;
+}
+
+}  // namespace
+
+std::int64_t min_parallel_bytes() {
+  static const std::int64_t bytes = [] {
+    const char* v = std::getenv("XSERV_CPU_PARALLEL_KB");
+    return v ? 1024 * std::max<std::int64_t>(1, std::atoll(v)) : std::int64_t{64} * 1024;
+  }();
+  return bytes;
+}
+
 CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels, bool use_blas)
-    : pool_(options.threads),
+    : pool_(options.threads, pool_options()),
       kernels_(kernels ? kernels : &cpu::kernels()),
       // Measured (bench/cpu_ops_bench, f32 GPT-2 shapes, M = 128/512): the AVX-512 kernel runs
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on

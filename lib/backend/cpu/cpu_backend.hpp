@@ -72,6 +72,12 @@ class CpuBackend final : public Backend {
   std::vector<std::int32_t> batch_storage_;
 };
 
+// The least work (bytes of weights or K/V read) worth handing to another thread in a decode-sized
+// op: below it the op, or that much of it, runs on the calling thread. Measured on the 2-core
+// dev EPYC (embedded model, docs/cpu.md): a hand-off costs 1-20 us there (a sleeping worker's
+// wake-up, a busy machine), what 64 KB from L2 take. XSERV_CPU_PARALLEL_KB overrides it.
+std::int64_t min_parallel_bytes();
+
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
 // (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.
 float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,

@@ -96,12 +96,17 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   const KernelTable& kt = *kernels_;
   const auto threads = static_cast<std::int64_t>(pool_.size());
   if (m <= gemv_max_rows) {
-    // Column ranges of whole 16-column groups (cache lines of f32 output), one per thread.
+    // Column ranges of whole 16-column groups (cache lines of f32 output), each at least
+    // min_parallel_bytes() of weights: a small model's GEMV (tens of KB, in L2) runs faster on
+    // the calling thread than it takes to hand half of it to another one.
     const std::int64_t groups = (n + 15) / 16;
+    const auto group_bytes = static_cast<std::int64_t>(16 * k * dtype_size(w.dtype));
+    const auto grain = static_cast<std::size_t>(
+        std::max<std::int64_t>(1, min_parallel_bytes() / std::max<std::int64_t>(group_bytes, 1)));
     pool_.parallel_for(static_cast<std::size_t>(groups), [&](std::size_t b, std::size_t e) {
       kt.gemm_tile(p, 0, m, static_cast<std::int64_t>(b) * 16,
                    std::min(n, static_cast<std::int64_t>(e) * 16), gemm_scratch());
-    });
+    }, grain);
     return;
   }
   // Enough tasks for every thread: narrower column tiles first (down to two 16-float registers
