@@ -11,7 +11,10 @@
 # there (the files the issue's llama.cpp GGUFs were converted from; made once, kept), else
 # generate_bench --dummy-weights with bench/configs/*.json (same shapes, weights in anonymous
 # memory instead of the page cache). BUILD (default /tmp/bcpu) holds a CPU-only Release build,
-# made or updated first; THREADS="2 8" and MODEL_NAMES="gpt2" run a subset.
+# made or updated first; THREADS="2 8" and MODEL_NAMES="gpt2" run a subset (MODEL_NAMES may name
+# "shakespeare", the embedded model in examples/models). VARIANTS="label:VAR=v[,VAR=v] ..." adds a
+# row per variant (an environment for the run, e.g. XSERV_CPU_CONV1D=in_out) for the models in
+# VARIANT_MODELS (default gpt2) at every thread count.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/out}/cpu_compare.md}
 build=${BUILD:-/tmp/bcpu}
@@ -38,7 +41,9 @@ done
 declare -A config=([gpt2]=bench/configs/gpt2.json [qwen3-0.6b]=bench/configs/qwen3-0.6b.json
                    [qwen3-1.7b]=bench/configs/qwen3-1.7b.json)
 model_args() {  # name -> generate_bench model arguments
-  if [ -n "$maker" ]; then
+  if [ "$1" = shakespeare ]; then
+    echo "-m examples/models/shakespeare"
+  elif [ -n "$maker" ]; then
     [ -f "$models/$1/config.json" ] || timeout 200 python3 "$maker" "$models" "$1" 2>&1 | grep make_models >&2
     cat "$models/$1"/*.safetensors >/dev/null  # into the page cache, as a warm machine has them
     echo "-m $models/$1"
@@ -63,28 +68,39 @@ for n in $threads; do
   stream[$n]=$(taskset -c "$cores" "$build/bench/stream_read_bench" --threads "$n" --mb 1024 --repeat 10 |
                sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p')
 done
+run_row() {  # model threads label env-assignments...
+  local model=$1 n=$2 label=$3
+  shift 3
+  local cores="0-$((n - 1))" repeat=2
+  [ "$n" -le 2 ] && [ "$model" != gpt2 ] && [ "$model" != shakespeare ] && repeat=1
+  # stdbuf: the lines printed before a crash or a hang still reach the log; rc says which
+  # (124: the 240 s timeout, 128 + N: signal N).
+  local log rc row mb prefill decode
+  log=$(env "$@" timeout 240 taskset -c "$cores" stdbuf -oL "$build/bench/generate_bench" $args \
+          --device cpu --threads "$n" --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
+  rc=$?
+  echo "$log" >>"$(dirname "$out")/cpu_compare_runs.log"
+  row=$(echo "$log" | grep '^| 1 |')
+  mb=$(echo "$log" | sed -n 's/.*, \([0-9.]*\) MB).*/\1/p')
+  if [ -z "$row" ]; then
+    echo "| $model$label | $n | failed (exit $rc): $(echo "$log" | tail -2 | tr '\n|' '  ') |" | tee -a "$out"
+    return
+  fi
+  prefill=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$3); print $3}')
+  decode=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$4); print $4}')
+  awk -v m="$model$label" -v n="$n" -v p="$prefill" -v d="$decode" -v mb="$mb" -v s="${stream[$n]}" 'BEGIN {
+    gbs = mb * d / 1000; printf "| %s | %d | %.0f | %.1f | %.0f | %.1f | %.1f | %.0f%% |\n", m, n, p, d, mb, gbs, s, 100 * gbs / s }' |
+    tee -a "$out"
+}
 for model in $names; do
   args=$(model_args "$model")
   for n in $threads; do
-    cores="0-$((n - 1))"
-    repeat=2
-    [ "$n" -le 2 ] && [ "$model" != gpt2 ] && repeat=1
-    # stdbuf: the lines printed before a crash or a hang still reach the log; rc says which
-    # (124: the 240 s timeout, 128 + N: signal N).
-    log=$(timeout 240 taskset -c "$cores" stdbuf -oL "$build/bench/generate_bench" $args --device cpu \
-            --threads "$n" --prompt-len 128 --gen-len 32 --repeat "$repeat" 2>&1)
-    rc=$?
-    row=$(echo "$log" | grep '^| 1 |')
-    mb=$(echo "$log" | sed -n 's/.*, \([0-9.]*\) MB).*/\1/p')
-    if [ -z "$row" ]; then
-      echo "| $model | $n | failed (exit $rc): $(echo "$log" | tail -2 | tr '\n|' '  ') |" | tee -a "$out"
-      continue
-    fi
-    prefill=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$3); print $3}')
-    decode=$(echo "$row" | awk -F'|' '{gsub(/ /,"",$4); print $4}')
-    awk -v m="$model" -v n="$n" -v p="$prefill" -v d="$decode" -v mb="$mb" -v s="${stream[$n]}" 'BEGIN {
-      gbs = mb * d / 1000; printf "| %s | %d | %.0f | %.1f | %.0f | %.1f | %.1f | %.0f%% |\n", m, n, p, d, mb, gbs, s, 100 * gbs / s }' |
-      tee -a "$out"
+    run_row "$model" "$n" ""
+    for v in ${VARIANTS:-}; do
+      case " ${VARIANT_MODELS:-gpt2} " in *" $model "*) ;; *) continue ;; esac
+      IFS=, read -ra assignments <<<"${v#*:}"
+      run_row "$model" "$n" " (${v%%:*})" "${assignments[@]}"
+    done
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"

@@ -1,4 +1,5 @@
-// CPU backend GEMV/GEMM speed on GPT-2-124M shapes (d = 768), f32 and bf16 weights.
+// CPU backend GEMV/GEMM speed on GPT-2-124M shapes (d = 768; Conv1D weights as stored and
+// transposed), f32, bf16 and f16 weights, and on Qwen3-0.6B shapes (bf16).
 //
 // Decode rows (M = 1, 4) are memory bound: read the GB/s counter against the machine's DRAM
 // bandwidth. Prefill rows (M = 128, 512) are compute bound: read GFLOP/s. "own" runs xserv's
@@ -41,12 +42,18 @@ constexpr Shape3 kShapes[] = {{"qkv", 768, 2304, WeightLayout::in_out},
                               {"mlp_up", 768, 3072, WeightLayout::in_out},
                               {"mlp_down", 3072, 768, WeightLayout::in_out},
                               {"lm_head", 768, 50257, WeightLayout::out_in},
+                              // The same Conv1D weights as the CPU backend holds them (transposed
+                              // at load, Model::transpose_in_out).
+                              {"qkv_t", 768, 2304, WeightLayout::out_in},
+                              {"attn_out_t", 768, 768, WeightLayout::out_in},
+                              {"mlp_up_t", 768, 3072, WeightLayout::out_in},
+                              {"mlp_down_t", 3072, 768, WeightLayout::out_in},
                               // Qwen3-0.6B (Linear, out_in): packed q/k/v, gate+up, down, tied lm_head.
                               {"q3_qkv", 1024, 4096, WeightLayout::out_in},
                               {"q3_gate_up", 1024, 6144, WeightLayout::out_in},
                               {"q3_down", 3072, 1024, WeightLayout::out_in},
                               {"q3_lm_head", 1024, 151936, WeightLayout::out_in}};
-constexpr int kGpt2Shapes = 5, kShapeCount = 9;
+constexpr int kGpt2Shapes = 9, kShapeCount = 13;
 
 // args: shape index, M, dtype (0 f32, 1 bf16, 2 f16), use BLAS (f32 only)
 void BM_gemm(benchmark::State& state) {

@@ -1,5 +1,6 @@
 // GPT-2 (124M to 1.5B shapes): learned positions, pre-LayerNorm blocks, fused QKV Conv1D
-// ([in, out] weights, used as stored), gelu_new MLP, lm_head tied to the token embedding.
+// ([in, out] weights: used as stored on CUDA, transposed once at load on the CPU, whose GEMV
+// streams [out, in] rows best), gelu_new MLP, lm_head tied to the token embedding.
 //
 // HF checkpoints name tensors `transformer.h.N.attn.c_attn.weight`; older exports drop the
 // `transformer.` prefix, and both are accepted.
@@ -23,6 +24,7 @@ class Gpt2 final : public Model {
   Tensor wte, wpe, lnf_w, lnf_b, lm_head;
   std::vector<Layer> layers;
   HeadGeometry heads;
+  WeightLayout conv = WeightLayout::in_out;  // of the four Conv1D weights of every layer
   // Workspace: residual stream x, normed h, packed qkv, attention output, MLP hidden, and the
   // head's gathered rows, their norm and the logits.
   Tensor x, h, qkv, attn, mlp, rows, rows_normed, logits;
@@ -43,6 +45,10 @@ class Gpt2 final : public Model {
     m->declare(weights);
     m->weight_bytes_ = weights.load(options.on_progress);
     m->weight_dtype_ = m->wte.dtype;
+    m->conv = m->conv1d_layout();
+    if (m->conv == WeightLayout::out_in)
+      for (Layer& l : m->layers)
+        for (Tensor* w : {&l.attn_w, &l.proj_w, &l.fc_w, &l.fc_proj_w}) *w = m->transpose_in_out(*w);
     m->plan();
     return m;
   }
@@ -103,14 +109,14 @@ class Gpt2 final : public Model {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
       be.layer_norm(ht, xt, {}, l.ln1_w, l.ln1_b, c.norm_eps);
-      be.gemm(qkvt, ht, l.attn_w, WeightLayout::in_out, l.attn_b);
+      be.gemm(qkvt, ht, l.attn_w, conv, l.attn_b);
       be.qk_transform_store(qkvt, heads, QkTransform{}, b, kvl);
       be.attention(at, qkvt, heads, b, kvl, scale);
-      be.gemm(xt, at, l.proj_w, WeightLayout::in_out, l.proj_b, 1.0f);  // x += attn · W + b
+      be.gemm(xt, at, l.proj_w, conv, l.proj_b, 1.0f);  // x += attn · W + b
       be.layer_norm(ht, xt, {}, l.ln2_w, l.ln2_b, c.norm_eps);
-      be.gemm(mt, ht, l.fc_w, WeightLayout::in_out, l.fc_b);
+      be.gemm(mt, ht, l.fc_w, conv, l.fc_b);
       be.gelu(mt);
-      be.gemm(xt, mt, l.fc_proj_w, WeightLayout::in_out, l.fc_proj_b, 1.0f);
+      be.gemm(xt, mt, l.fc_proj_w, conv, l.fc_proj_b, 1.0f);
     }
     if (r == 0) return logits.rows(0, 0);
     Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);

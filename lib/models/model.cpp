@@ -1,6 +1,9 @@
 #include "models/model.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "core/mapped_file.hpp"
@@ -10,6 +13,17 @@
 namespace xserv {
 
 namespace {
+
+// dst[N, K] = src[K, N]ᵀ in 32 x 32 tiles: both sides touch whole cache lines while a tile stays
+// in L1.
+template <typename T>
+void transpose(const T* src, T* dst, std::int64_t k, std::int64_t n) {
+  constexpr std::int64_t tile = 32;
+  for (std::int64_t k0 = 0; k0 < k; k0 += tile)
+    for (std::int64_t n0 = 0; n0 < n; n0 += tile)
+      for (std::int64_t i = k0; i < std::min(k, k0 + tile); ++i)
+        for (std::int64_t j = n0; j < std::min(n, n0 + tile); ++j) dst[j * k + i] = src[i * n + j];
+}
 
 struct ConfigIdentity {
   std::string model_type;
@@ -97,7 +111,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
   // mapping goes (no host memory kept for a model on the GPU).
   if (backend.device().kind == DeviceKind::cpu) model->checkpoint_ = std::move(checkpoint);
   else if (options.warm_up) model->warm_up();
-  model->weight_buffers_ = weights.take_owned();
+  for (Buffer& b : weights.take_owned()) model->weight_buffers_.push_back(std::move(b));
   return model;
 }
 
@@ -156,6 +170,28 @@ void Model::set_limits(const ModelOptions& options) {
   max_logit_rows_ = options.max_logit_rows > 0
                         ? std::min(options.max_logit_rows, max_batch_tokens_)
                         : std::min(max_batch_tokens_, 256);
+}
+
+WeightLayout Model::conv1d_layout() const noexcept {
+  // XSERV_CPU_CONV1D=in_out keeps them as stored on the CPU too (for measuring).
+  const char* keep = std::getenv("XSERV_CPU_CONV1D");
+  return backend_.device().kind == DeviceKind::cpu && !(keep && std::string_view(keep) == "in_out")
+             ? WeightLayout::out_in
+             : WeightLayout::in_out;
+}
+
+Tensor Model::transpose_in_out(const Tensor& w) {
+  XSERV_CHECK(w.shape.rank() == 2 && w.device.kind == DeviceKind::cpu &&
+                  backend_.device().kind == DeviceKind::cpu,
+              ErrorCode::internal, "transpose_in_out: a 2-D host weight on the CPU backend, not {}",
+              w.shape);
+  const std::int64_t k = w.shape[0], n = w.shape[1];
+  Buffer& b = weight_buffers_.emplace_back(backend_.allocator(), w.bytes());
+  if (dtype_size(w.dtype) == 4)
+    transpose(static_cast<const std::uint32_t*>(w.data), static_cast<std::uint32_t*>(b.data()), k, n);
+  else
+    transpose(static_cast<const std::uint16_t*>(w.data), static_cast<std::uint16_t*>(b.data()), k, n);
+  return Tensor(b.data(), w.dtype, Shape{n, k}, w.device);
 }
 
 void Model::plan_workspace(Tensor* dst, DType dtype, Shape shape) {
