@@ -38,7 +38,7 @@ ThreadPool::Options pool_options() {
 std::int64_t min_parallel_bytes() {
   static const std::int64_t bytes = [] {
     const char* v = std::getenv("XSERV_CPU_PARALLEL_KB");
-    return v ? 1024 * std::max<std::int64_t>(1, std::atoll(v)) : std::int64_t{64} * 1024;
+    return v ? 1024 * std::max<std::int64_t>(1, std::atoll(v)) : std::int64_t{128} * 1024;
   }();
   return bytes;
 }

@@ -73,9 +73,10 @@ class CpuBackend final : public Backend {
 };
 
 // The least work (bytes of weights or K/V read) worth handing to another thread in a decode-sized
-// op: below it the op, or that much of it, runs on the calling thread. Measured on the 2-core
-// dev EPYC (embedded model, docs/cpu.md): a hand-off costs 1-20 us there (a sleeping worker's
-// wake-up, a busy machine), what 64 KB from L2 take. XSERV_CPU_PARALLEL_KB overrides it.
+// op: below it the op, or that much of it, runs on the calling thread. 128 KB: on the 2-core dev
+// EPYC a hand-off costs 1-30 us (a sleeping or descheduled worker, a busy machine), about what
+// 128 KB from L2 take; with it the embedded model's layers run inline and its decode step has one
+// parallel loop (the lm_head) instead of ~25 (docs/cpu.md). XSERV_CPU_PARALLEL_KB overrides it.
 std::int64_t min_parallel_bytes();
 
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
