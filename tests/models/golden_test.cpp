@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,20 @@ TEST_CASE("tiny-qwen3-bf16 (bf16 weights) matches transformers on upcast weights
 }
 
 TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golden]") {
+  check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare",
+               XSERV_TEST_DATA_DIR "/models/shakespeare");
+}
+
+TEST_CASE("GPT-2 with its Conv1D weights transposed at load still matches transformers",
+          "[models][golden]") {
+  // XSERV_CPU_CONV1D=out_in (Model::conv1d_layout): the CPU backend's out_in GEMV and GEMM
+  // packing read the copies; the tolerance is the golden one.
+  struct Env {
+    Env() { ::setenv("XSERV_CPU_CONV1D", "out_in", 1); }
+    ~Env() { ::unsetenv("XSERV_CPU_CONV1D"); }
+  } env;
+  const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
+  check_golden(d, d);
   check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare",
                XSERV_TEST_DATA_DIR "/models/shakespeare");
 }
