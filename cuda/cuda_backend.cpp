@@ -126,6 +126,8 @@ class CudaBackend final : public Backend {
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
   void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
+  void* native_stream() noexcept override { return stream_; }
 
   void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
                  const Tensor& positions) override;

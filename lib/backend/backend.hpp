@@ -127,6 +127,12 @@ class Backend {
   // upload_batch call.
   virtual DeviceBatch upload_batch(const ForwardBatch& batch) = 0;
   virtual void synchronize() = 0;
+  // Makes the calling thread ready to enqueue work here (CUDA: this backend's device becomes
+  // the thread's current one). Tensor-parallel ranks call it on their own threads.
+  virtual void bind_thread() {}
+  // The stream ops are enqueued on (CUDA: its cudaStream_t), for a collective library that
+  // must enqueue on it too (NCCL); nullptr for the CPU.
+  virtual void* native_stream() noexcept { return nullptr; }
 
   // ---- ops -----------------------------------------------------------------------------
   // out[T, d] = table[ids[t]] (+ pos_table[positions[t]] when pos_table is not empty).

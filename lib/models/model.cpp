@@ -143,7 +143,7 @@ void Model::warm_up() {
     params.rows[0].top_k = 20;
     params.rows[0].top_p = 0.95f;
     std::int32_t id = 0;
-    backend_.sample(logits, params, &id);
+    if (shard_.leader()) backend_.sample(logits, params, &id);
     if (m == longest) break;
   }
   backend_.synchronize();
@@ -156,8 +156,7 @@ void Model::check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tok
 }
 
 kv::KvSpec Model::kv_spec() const noexcept {
-  return kv::KvSpec{config_.num_layers, config_.num_kv_heads, config_.head_dim,
-                    activation_dtype()};
+  return kv::KvSpec{config_.num_layers, shard_.kv_heads, config_.head_dim, activation_dtype()};
 }
 
 void Model::set_limits(const ModelOptions& options) {
@@ -170,6 +169,10 @@ void Model::set_limits(const ModelOptions& options) {
   max_logit_rows_ = options.max_logit_rows > 0
                         ? std::min(options.max_logit_rows, max_batch_tokens_)
                         : std::min(max_batch_tokens_, 256);
+  const Communicator* comm = options.communicator;
+  shard_ = Shard::plan(config_, comm ? comm->rank() : 0, comm ? comm->size() : 1,
+                       dir_ + "/config.json");
+  communicator_ = options.communicator;
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {

@@ -19,6 +19,8 @@
 #include "io/model_config.hpp"
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
+#include "models/shard.hpp"
+#include "parallel/communicator.hpp"
 
 namespace xserv {
 
@@ -39,6 +41,11 @@ struct ModelOptions {
   // choice per row bucket, first kernel launches) are paid here and not by a request's first
   // token. Ignored on the CPU, which has none.
   bool warm_up = true;
+  // Tensor parallelism: this model is rank communicator->rank() of communicator->size() and
+  // loads only its Shard; its forward sums the row-parallel GEMMs' partial results over the
+  // ranks with it. Every rank must load and run forward() at the same time, each on its own
+  // thread (ModelGroup does that). nullptr: the whole model on one backend.
+  Communicator* communicator = nullptr;
 };
 
 class Model {
@@ -62,6 +69,8 @@ class Model {
   std::int32_t max_batch_tokens() const noexcept { return max_batch_tokens_; }
   std::int32_t max_logit_rows() const noexcept { return max_logit_rows_; }
   std::size_t weight_bytes() const noexcept { return weight_bytes_; }
+  // The part of the model this rank holds (rank 0 of 1 without tensor parallelism).
+  const Shard& shard() const noexcept { return shard_; }
   // Held by whoever runs forward() and reads its logits: engines sharing a model share its
   // workspace, so their steps take turns.
   std::mutex& forward_mutex() const noexcept { return forward_mutex_; }
@@ -72,11 +81,11 @@ class Model {
   // tokenizer is loaded; `tokenizer_source` names it in the message.
   void check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tokenizer_source) const;
 
-  // What a KV cache for this model holds per layer.
+  // What a KV cache for this model (this rank's shard: its KV heads) holds per layer.
   kv::KvSpec kv_spec() const noexcept;
 
   // f32 logits [R, vocab] of the batch's logit rows, in workspace memory that the next forward
-  // overwrites. Throws Error(invalid_argument) when the batch is larger than the workspace or the
+  // overwrites; [0, vocab] on tensor-parallel ranks other than 0. Throws Error(invalid_argument) when the batch is larger than the workspace or the
   // cache does not fit the model. Enqueues work only: read the logits with backend.sample() or
   // backend.download().
   Tensor forward(const DeviceBatch& batch, kv::KvCache& cache);
@@ -97,7 +106,8 @@ class Model {
   // (64-byte aligned each) and points `dst` at its piece. `dst` must be a member.
   void plan_workspace(Tensor* dst, DType dtype, Shape shape);
   void allocate_workspace();
-  // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options.
+  // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options, and the
+  // tensor-parallel shard_ and communicator from options.communicator.
   void set_limits(const ModelOptions& options);
   // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: as stored,
   // unless XSERV_CPU_CONV1D=out_in on the CPU backend, where they are then copied once at load,
@@ -109,6 +119,16 @@ class Model {
   // w [K, N] -> a copy [N, K] in host memory the model keeps (a CPU backend's weight).
   Tensor transpose_in_out(const Tensor& w);
 
+  // Row-parallel GEMMs write into the residual stream x with this beta: rank 0 adds its partial
+  // result to x (beta 1), the others overwrite their x with theirs (beta 0), so that the sum
+  // over ranks, all_reduce(x), is x + the full result: the residual (and a row-parallel
+  // layer's bias, passed on rank 0 only) counted once.
+  float residual_beta() const noexcept { return shard_.leader() ? 1.0f : 0.0f; }
+  // x = the sum of x over the ranks (nothing without tensor parallelism).
+  void all_reduce(Tensor x) {
+    if (communicator_ != nullptr) communicator_->all_reduce_sum(x);
+  }
+
   ModelConfig config_;
   std::string dir_;
   Backend& backend_;
@@ -116,6 +136,7 @@ class Model {
   std::int32_t max_batch_tokens_ = 0;
   std::int32_t max_logit_rows_ = 0;
   std::size_t weight_bytes_ = 0;
+  Shard shard_;
 
  private:
   struct Planned {
@@ -124,6 +145,7 @@ class Model {
     Shape shape;
   };
   std::vector<Planned> planned_;
+  Communicator* communicator_ = nullptr;
   mutable std::mutex forward_mutex_;
   Buffer workspace_;
   // Keep the weights alive: the mmap'd checkpoint (CPU views point into it) or dummy buffers.

@@ -2,6 +2,11 @@
 // ([out, in] Linear weights, used as stored) writing column slices of one packed qkv buffer,
 // per-head q/k RMSNorm + neox RoPE, grouped-query attention with an explicit head_dim (which may
 // differ from hidden / heads), SwiGLU MLP, tied or untied lm_head.
+//
+// Tensor parallel (Shard, docs/parallel.md): q/k/v and gate/up are column-parallel (each rank
+// loads its heads' rows and its inner rows), o_proj and down_proj row-parallel (its columns);
+// each of the latter writes into x with residual_beta() and one all_reduce(x) follows, so the
+// rest of the block (norms, the fused norm+GEMM) runs unchanged on the replicated x.
 #include <cmath>
 #include <initializer_list>
 
@@ -37,7 +42,7 @@ class Qwen3 final : public Model {
                 "{}/config.json: hidden_act '{}' is not supported (silu)", dir, config.activation);
     auto m = std::make_unique<Qwen3>(config, dir, backend);
     m->set_limits(options);
-    m->heads = HeadGeometry{config.num_heads, config.num_kv_heads, config.head_dim};
+    m->heads = HeadGeometry{m->shard_.q_heads, m->shard_.kv_heads, config.head_dim};
     m->declare(weights);
     m->weight_bytes_ = weights.load(options.on_progress);
     m->weight_dtype_ = m->embed.dtype;
@@ -51,29 +56,38 @@ class Qwen3 final : public Model {
 
   void declare(WeightLoader& w) {
     const auto& c = config_;
+    const Shard& s = shard_;
     const std::int64_t d = c.hidden_size, inner = c.intermediate_size, hd = c.head_dim;
     const std::int64_t q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
+    // This rank's rows of q (its heads), of k and v (its KV heads), of gate and up (its inner
+    // block); o_proj and down_proj take the matching columns.
+    const Slice q_rows = Slice::rows(s.q_head_begin * hd, s.q_heads * hd);
+    const Slice kv_rows = Slice::rows(s.kv_head_begin * hd, s.kv_heads * hd);
+    const Slice inner_rows = Slice::rows(s.inner_begin, s.inner);
+    const Slice q_cols = Slice::cols(s.q_head_begin * hd, s.q_heads * hd);
+    const Slice inner_cols = Slice::cols(s.inner_begin, s.inner);
     w.require(&embed, {"model.embed_tokens.weight"}, {c.vocab_size, d});
     layers.resize(static_cast<std::size_t>(c.num_layers));
     for (std::int32_t i = 0; i < c.num_layers; ++i) {
       Layer& l = layers[static_cast<std::size_t>(i)];
       const std::string n = fmt::format("model.layers.{}.", i);
       w.require(&l.in_norm, {n + "input_layernorm.weight"}, {d}, DummyInit::ones);
-      w.require(&l.q_w, {n + "self_attn.q_proj.weight"}, {q_out, d});
-      w.require(&l.k_w, {n + "self_attn.k_proj.weight"}, {kv_out, d});
-      w.require(&l.v_w, {n + "self_attn.v_proj.weight"}, {kv_out, d});
+      w.require(&l.q_w, {n + "self_attn.q_proj.weight"}, {q_out, d}, DummyInit::normal, q_rows);
+      w.require(&l.k_w, {n + "self_attn.k_proj.weight"}, {kv_out, d}, DummyInit::normal, kv_rows);
+      w.require(&l.v_w, {n + "self_attn.v_proj.weight"}, {kv_out, d}, DummyInit::normal, kv_rows);
       // Qwen3 has no attention bias by default (attention_bias: false); honour one if present.
-      w.optional(&l.q_b, {n + "self_attn.q_proj.bias"}, {q_out});
-      w.optional(&l.k_b, {n + "self_attn.k_proj.bias"}, {kv_out});
-      w.optional(&l.v_b, {n + "self_attn.v_proj.bias"}, {kv_out});
+      w.optional(&l.q_b, {n + "self_attn.q_proj.bias"}, {q_out}, q_rows);
+      w.optional(&l.k_b, {n + "self_attn.k_proj.bias"}, {kv_out}, kv_rows);
+      w.optional(&l.v_b, {n + "self_attn.v_proj.bias"}, {kv_out}, kv_rows);
       w.require(&l.q_norm, {n + "self_attn.q_norm.weight"}, {hd}, DummyInit::ones);
       w.require(&l.k_norm, {n + "self_attn.k_norm.weight"}, {hd}, DummyInit::ones);
-      w.require(&l.o_w, {n + "self_attn.o_proj.weight"}, {d, q_out});
+      w.require(&l.o_w, {n + "self_attn.o_proj.weight"}, {d, q_out}, DummyInit::normal, q_cols);
       w.require(&l.post_norm, {n + "post_attention_layernorm.weight"}, {d}, DummyInit::ones);
-      w.require(&l.gate_w, {n + "mlp.gate_proj.weight"}, {inner, d});
-      w.require(&l.up_w, {n + "mlp.up_proj.weight"}, {inner, d});
-      w.require(&l.down_w, {n + "mlp.down_proj.weight"}, {d, inner});
+      w.require(&l.gate_w, {n + "mlp.gate_proj.weight"}, {inner, d}, DummyInit::normal, inner_rows);
+      w.require(&l.up_w, {n + "mlp.up_proj.weight"}, {inner, d}, DummyInit::normal, inner_rows);
+      w.require(&l.down_w, {n + "mlp.down_proj.weight"}, {d, inner}, DummyInit::normal, inner_cols);
     }
+    if (!s.leader()) return;  // the head lives on rank 0 only
     w.require(&final_norm, {"model.norm.weight"}, {d}, DummyInit::ones);
     if (!c.tie_word_embeddings) w.require(&lm_head, {"lm_head.weight"}, {c.vocab_size, d});
   }
@@ -81,13 +95,14 @@ class Qwen3 final : public Model {
   void plan() {
     const auto& c = config_;
     const DType a = activation_dtype();
-    const std::int64_t t = max_batch_tokens_, r = max_logit_rows_, d = c.hidden_size;
+    const std::int64_t t = max_batch_tokens_, d = c.hidden_size;
+    const std::int64_t r = shard_.leader() ? max_logit_rows_ : 0;
     plan_workspace(&x, a, {t, d});
     plan_workspace(&h, a, {t, d});
     plan_workspace(&qkv, a, {t, heads.qkv_width()});
-    plan_workspace(&attn, a, {t, static_cast<std::int64_t>(c.num_heads) * c.head_dim});
-    plan_workspace(&gate_up, a, {t, 2 * static_cast<std::int64_t>(c.intermediate_size)});
-    plan_workspace(&act, a, {t, c.intermediate_size});
+    plan_workspace(&attn, a, {t, static_cast<std::int64_t>(heads.n_q_heads) * c.head_dim});
+    plan_workspace(&gate_up, a, {t, 2 * shard_.inner});
+    plan_workspace(&act, a, {t, shard_.inner});
     plan_workspace(&rows, a, {r, d});
     plan_workspace(&rows_normed, a, {r, d});
     plan_workspace(&logits, DType::f32, {r, c.vocab_size});
@@ -126,8 +141,10 @@ class Qwen3 final : public Model {
     Backend& be = backend_;
     const auto& c = config_;
     const std::int64_t t = b.num_tokens, r = b.num_logit_rows;
-    const std::int64_t hd = c.head_dim, q_out = c.num_heads * hd, kv_out = c.num_kv_heads * hd;
-    const std::int64_t width = heads.qkv_width(), inner = c.intermediate_size;
+    const std::int64_t hd = c.head_dim, q_out = heads.n_q_heads * hd,
+                       kv_out = heads.n_kv_heads * hd;
+    const std::int64_t width = heads.qkv_width(), inner = shard_.inner;
+    const float beta = residual_beta();
     Tensor xt = x.rows(0, t), ht = h.rows(0, t), qkvt = qkv.rows(0, t), at = attn.rows(0, t),
            gu = gate_up.rows(0, t), actt = act.rows(0, t);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -147,7 +164,8 @@ class Qwen3 final : public Model {
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_transform_store(qkvt, heads, qk, b, kvl);
       be.attention(at, qkvt, heads, b, kvl, scale);
-      be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, 1.0f);  // x += attn · Wo
+      be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo
+      all_reduce(xt);
       if (!l.gate_up_w.empty()) {
         be.rms_norm_gemm(actt, xt, l.post_norm, c.norm_eps, l.gate_up_w, true, ht, gu);
       } else {
@@ -156,9 +174,10 @@ class Qwen3 final : public Model {
         be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
         be.swiglu(actt, gu);
       }
-      be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, 1.0f);  // x += mlp
+      be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, beta);  // x += mlp
+      all_reduce(xt);
     }
-    if (r == 0) return logits.rows(0, 0);
+    if (r == 0 || !shard_.leader()) return logits.rows(0, 0);
     Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);
     be.gather_rows(rt, xt, b.logit_rows);
     be.rms_norm(rn, rt, {}, final_norm, c.norm_eps);

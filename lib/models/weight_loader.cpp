@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <system_error>
 #include <thread>
@@ -14,13 +15,23 @@ WeightLoader::WeightLoader(Backend& backend, const Checkpoint* checkpoint, DType
                            std::uint64_t seed)
     : backend_(backend), checkpoint_(checkpoint), dummy_dtype_(dummy_dtype), seed_(seed) {}
 
-void WeightLoader::require(Tensor* dst, std::vector<std::string> names, Shape shape,
-                           DummyInit init) {
-  entries_.push_back(Entry{dst, std::move(names), shape, init, true});
+Shape Slice::of(const Shape& full) const {
+  if (whole()) return full;
+  Shape s = full;
+  std::int64_t n = 0;
+  for (const auto& r : ranges) n += r.second;
+  s[static_cast<std::size_t>(dim)] = n;
+  return s;
 }
 
-void WeightLoader::optional(Tensor* dst, std::vector<std::string> names, Shape shape) {
-  entries_.push_back(Entry{dst, std::move(names), shape, DummyInit::bias, false});
+void WeightLoader::require(Tensor* dst, std::vector<std::string> names, Shape shape,
+                           DummyInit init, Slice slice) {
+  entries_.push_back(Entry{dst, std::move(names), shape, init, true, std::move(slice)});
+}
+
+void WeightLoader::optional(Tensor* dst, std::vector<std::string> names, Shape shape,
+                            Slice slice) {
+  entries_.push_back(Entry{dst, std::move(names), shape, DummyInit::bias, false, std::move(slice)});
 }
 
 bool WeightLoader::has(const std::string& name) const noexcept {
@@ -62,12 +73,12 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
       XSERV_CHECK(is_float(e.info->dtype), ErrorCode::format,
                   "{}: tensor '{}' has dtype {}, expected a float type", checkpoint_->dir(),
                   e.info->name, dtype_name(e.info->dtype));
-      total += e.info->bytes;
+      total += static_cast<std::size_t>(e.slice.of(e.shape).numel()) * dtype_size(e.info->dtype);
     }
   } else {
     for (const auto& e : entries_)
       if (e.required)
-        total += static_cast<std::size_t>(e.shape.numel()) * dtype_size(dummy_dtype_);
+        total += static_cast<std::size_t>(e.slice.of(e.shape).numel()) * dtype_size(dummy_dtype_);
   }
 
   std::size_t done = 0;
@@ -75,12 +86,8 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
     Entry& e = entries_[i];
     if (checkpoint_) {
       if (!e.info) continue;
-      Tensor host(const_cast<std::uint8_t*>(e.info->data), e.info->dtype, e.info->shape);
-      *e.dst = backend_.import_weight(host);
-      // A backend that copied the weight (CUDA) never reads the mapping again: drop its pages
-      // now, so host memory peaks at one tensor, not at the whole checkpoint.
-      if (e.dst->data != host.data) checkpoint_->release(*e.info);
-      done += e.info->bytes;
+      import_slice(e);
+      done += e.dst->bytes();
     } else {
       if (!e.required) continue;
       fill_dummy(e, i);
@@ -91,7 +98,48 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
   return total;
 }
 
+void WeightLoader::import_slice(Entry& e) {
+  const TensorInfo& info = *e.info;
+  const std::size_t elem = dtype_size(info.dtype);
+  const Shape shape = e.slice.of(info.shape);
+  const auto* src = info.data;
+  // Whole rows in one range are a view of the mapping, as is the whole tensor.
+  if (e.slice.whole() || (e.slice.dim == 0 && e.slice.ranges.size() == 1)) {
+    const std::int64_t row = info.shape[0] > 0 ? info.shape.numel() / info.shape[0] : 0;
+    if (!e.slice.whole()) src += static_cast<std::size_t>(e.slice.ranges[0].first * row) * elem;
+    Tensor host(const_cast<std::uint8_t*>(src), info.dtype, shape);
+    *e.dst = backend_.import_weight(host);
+    // A backend that copied the weight (CUDA) never reads the mapping again: drop its pages
+    // now, so host memory peaks at one tensor, not at the whole checkpoint.
+    if (e.dst->data != host.data) checkpoint_->release(info);
+    return;
+  }
+  // Gather: per outer index (one for dim 0, each row for dim 1) the ranges, back to back.
+  const bool by_rows = e.slice.dim == 0;
+  const std::int64_t outer = by_rows ? 1 : info.shape[0];
+  const std::int64_t unit = by_rows ? info.shape.numel() / info.shape[0] : 1;  // elements/index
+  const std::int64_t stride = by_rows ? 0 : info.shape[1];                     // elements/outer
+  std::vector<std::uint8_t> staging(static_cast<std::size_t>(shape.numel()) * elem);
+  std::uint8_t* out = staging.data();
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (const auto& [begin, count] : e.slice.ranges) {
+      const auto n = static_cast<std::size_t>(count * unit) * elem;
+      std::memcpy(out, src + static_cast<std::size_t>(o * stride + begin * unit) * elem, n);
+      out += n;
+    }
+  Tensor host(staging.data(), info.dtype, shape);
+  *e.dst = backend_.import_weight(host);
+  if (e.dst->data == host.data) {  // a zero-copy backend: keep the gathered copy alive
+    Buffer& b = owned_.emplace_back(backend_.allocator(), staging.size());
+    *e.dst = Tensor(b.data(), info.dtype, shape, backend_.device());
+    backend_.upload(*e.dst, staging.data());
+    backend_.synchronize();
+  }
+  checkpoint_->release(info);
+}
+
 void WeightLoader::fill_dummy(Entry& e, std::size_t index) {
+  e.shape = e.slice.of(e.shape);
   const auto n = static_cast<std::size_t>(e.shape.numel());
   const std::size_t elem = dtype_size(dummy_dtype_);
   // CPU memory is filled in place; other devices get a host staging copy (not zeroed first),

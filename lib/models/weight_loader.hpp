@@ -6,6 +6,12 @@
 // shape is Error(format) naming the tensor, the directory and both shapes — and imports each one
 // with backend.import_weight() (zero copy on the CPU). With dummy weights nothing is read: every
 // tensor is allocated on the backend in the config's dtype and filled with seeded random values.
+//
+// Tensor parallelism: a declaration may carry a Slice, the part of the checkpoint tensor this
+// rank holds (docs/parallel.md). The checkpoint's full shape is checked as always; only the
+// slice is imported. A slice of whole rows is a view of the mapping (zero copy on the CPU);
+// any other (columns, several ranges) is gathered into a host staging copy first, which the
+// backend copies (CUDA) or which is kept in a buffer of its own (CPU).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +30,19 @@ namespace xserv {
 // little noise (norm scales), or small values around zero (biases).
 enum class DummyInit : std::uint8_t { normal, ones, bias };
 
+// The part of a tensor one rank loads: the index ranges [begin, begin + count) of dimension
+// `dim` (0, or 1 of a 2-D tensor), concatenated in order. No ranges: the whole tensor.
+struct Slice {
+  int dim = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // (begin, count)
+
+  static Slice rows(std::int64_t begin, std::int64_t count) { return {0, {{begin, count}}}; }
+  static Slice cols(std::int64_t begin, std::int64_t count) { return {1, {{begin, count}}}; }
+  bool whole() const noexcept { return ranges.empty(); }
+  // The shape of this slice of a tensor of shape `full`.
+  Shape of(const Shape& full) const;
+};
+
 class WeightLoader {
  public:
   // checkpoint == nullptr means dummy weights of `dummy_dtype` seeded with `seed`.
@@ -32,10 +51,11 @@ class WeightLoader {
 
   // Declares a required tensor; the first of `names` present in the checkpoint is used. `dst`
   // must stay valid until load().
+  // `shape` is the checkpoint's (full) shape; `slice` the part loaded into *dst.
   void require(Tensor* dst, std::vector<std::string> names, Shape shape,
-               DummyInit init = DummyInit::normal);
+               DummyInit init = DummyInit::normal, Slice slice = {});
   // Declares a tensor used only when the checkpoint has it (never made for dummy weights).
-  void optional(Tensor* dst, std::vector<std::string> names, Shape shape);
+  void optional(Tensor* dst, std::vector<std::string> names, Shape shape, Slice slice = {});
   // True when the checkpoint holds `name` (false for dummy weights).
   bool has(const std::string& name) const noexcept;
 
@@ -53,9 +73,12 @@ class WeightLoader {
     Shape shape;
     DummyInit init;
     bool required;
+    Slice slice;
     const TensorInfo* info = nullptr;  // resolved by load()
   };
   void fill_dummy(Entry& e, std::size_t index);
+  // Makes e's slice of the checkpoint tensor resident in *e.dst.
+  void import_slice(Entry& e);
 
   Backend& backend_;
   const Checkpoint* checkpoint_;
