@@ -26,6 +26,7 @@
 #include "engine/generate.hpp"
 #include "engine/sampling_params.hpp"
 #include "models/model.hpp"
+#include "models/model_group.hpp"
 #include "tokenizer/tokenizer.hpp"
 #include "xserv/version.hpp"
 
@@ -38,8 +39,10 @@ static_assert(XSERV_VERSION_MAJOR == XSERV_PROJECT_VERSION_MAJOR &&
 // are destroyed in reverse: xserv_generate's engine (KV cache) before the model before the
 // backend. The tokenizer is immutable and thread-safe: tokenizer calls take no lock.
 struct xserv_model {
-  std::unique_ptr<xserv::Backend> backend;
-  std::unique_ptr<xserv::Model> model;
+  // The model's ranks (one without tensor parallelism); model and backend are rank 0's.
+  std::unique_ptr<xserv::ModelGroup> group;
+  xserv::Model* model = nullptr;
+  xserv::Backend* backend = nullptr;
   std::unique_ptr<xserv::Tokenizer> tokenizer;
   std::unique_ptr<xserv::Engine> generate_engine;  // xserv_generate's, made at its first call
   std::string arch;
@@ -314,6 +317,7 @@ xserv_model_params xserv_model_default_params(void) {
   p.max_batch_tokens = 0;
   p.progress_callback = nullptr;
   p.progress_user_data = nullptr;
+  p.tensor_parallel_size = 1;
   return p;
 }
 
@@ -328,13 +332,17 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
     if (p.n_threads < 0) throw_invalid("params->n_threads is negative");
     if (p.max_batch_tokens < 0) throw_invalid("params->max_batch_tokens is negative");
     if (p.device_index < 0) throw_invalid("params->device_index is negative");
+    if (p.tensor_parallel_size < 1 || p.tensor_parallel_size > 1024)
+      throw_invalid("params->tensor_parallel_size is " + std::to_string(p.tensor_parallel_size) +
+                    " (expected 1 ..= 1024)");
     const std::string_view wanted_dtype = dtype_name_c(enum_value(p.dtype));
 
     auto m = std::make_unique<xserv_model>();
-    xserv::BackendOptions bo;
-    bo.threads = static_cast<std::size_t>(p.n_threads);
-    bo.device_index = p.device_index;
-    m->backend = xserv::make_backend(pick_device(enum_value(p.device)), bo);
+    xserv::ParallelOptions po;
+    po.device = pick_device(enum_value(p.device));
+    po.size = p.tensor_parallel_size;
+    po.threads = static_cast<std::size_t>(p.n_threads);
+    for (int32_t r = 0; r < p.tensor_parallel_size; ++r) po.devices.push_back(p.device_index + r);
 
     xserv::ModelOptions mo;
     if (p.max_batch_tokens > 0) mo.max_batch_tokens = p.max_batch_tokens;
@@ -350,7 +358,9 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
       };
     }
     try {
-      m->model = xserv::Model::load(path, *m->backend, mo);
+      m->group = xserv::ModelGroup::load(path, po, mo);
+      m->model = &m->group->leader();
+      m->backend = &m->model->backend();
     } catch (const LoadCancelled&) {
       throw_status(XSERV_ERR_CANCELLED, "cancelled by the progress callback");
     }
@@ -369,7 +379,8 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
     m->desc = m->arch + ", " + std::to_string(c.num_layers) + " layers, " +
               std::to_string(c.hidden_size) + " wide, " +
               std::to_string(m->tokenizer->vocab_size()) + " tokens, " + std::string(have_dtype) +
-              " on " + m->backend->name();
+              " on " + m->backend->name() +
+              (po.size > 1 ? " (tensor parallel over " + std::to_string(po.size) + " ranks)" : "");
     if (p.progress_callback != nullptr && !p.progress_callback(1.0f, p.progress_user_data))
       throw_status(XSERV_ERR_CANCELLED, "cancelled by the progress callback");
     *out_model = m.release();
@@ -543,7 +554,7 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
     } busy(model->generating);
     if (!model->generate_engine)
       model->generate_engine = std::make_unique<xserv::Engine>(
-          *model->model, model->tokenizer.get(), xserv::single_sequence_options(*model->model));
+          *model->group, model->tokenizer.get(), xserv::single_sequence_options(*model->model));
     xserv::TokenCallback callback;
     if (on_token != nullptr) {
       callback = [on_token, user_data](const xserv::TokenEvent& e) {
@@ -681,7 +692,7 @@ xserv_status xserv_engine_create(xserv_model* model, const xserv_engine_params* 
     o.max_prefill_tokens = p.max_prefill_tokens;
     auto e = std::make_unique<xserv_engine>();
     e->model = model;
-    e->engine = std::make_unique<xserv::Engine>(*model->model, model->tokenizer.get(), o);
+    e->engine = std::make_unique<xserv::Engine>(*model->group, model->tokenizer.get(), o);
     *out_engine = e.release();
   });
 }

@@ -141,6 +141,14 @@ typedef struct xserv_model_params {
   int32_t max_batch_tokens; /* tokens one forward may hold (prefill chunk); 0 = default (512) */
   xserv_progress_callback progress_callback; /* NULL: none */
   void* progress_user_data;                  /* passed to progress_callback */
+  /* Tensor parallelism (docs/parallel.md): the model is split over this many ranks, one per
+   * GPU: CUDA devices device_index .. device_index + tensor_parallel_size - 1, joined by NCCL
+   * (libnccl.so.2, loaded at run time). On the CPU the ranks are threads of this process (the
+   * reference path, for testing). Default 1 (no split). Errors: INVALID_ARGUMENT when < 1 or
+   * when it does not divide the model's attention heads (or its KV heads, or does not make a
+   * multiple of them) or MLP size; CUDA when there are fewer GPUs than ranks; UNSUPPORTED when
+   * NCCL cannot be loaded. Appended in 0.2 (see "Growing structs"). */
+  int32_t tensor_parallel_size;
 } xserv_model_params;
 
 /* The defaults (see each field). Thread-safe. */

@@ -85,6 +85,9 @@ struct ModelOptions {
   int threads = 0;  // CPU worker threads; 0: all
   DType dtype = DType::automatic;
   int max_batch_tokens = 0;  // 0: the library's default
+  // Ranks the model is split over (tensor parallelism, docs/parallel.md): CUDA GPUs
+  // device_index .. device_index + tensor_parallel_size - 1, or threads on the CPU. 1: no split.
+  int tensor_parallel_size = 1;
   // Called with the fraction loaded in [0, 1]; return false to cancel (load throws Error with
   // XSERV_ERR_CANCELLED). An exception it throws cancels the load and is rethrown by load().
   std::function<bool(float)> on_progress;
@@ -158,6 +161,7 @@ class Model {
     p.n_threads = options.threads;
     p.dtype = static_cast<xserv_dtype>(options.dtype);
     p.max_batch_tokens = options.max_batch_tokens;
+    p.tensor_parallel_size = options.tensor_parallel_size;
     Hook<std::function<bool(float)>> hook{&options.on_progress, nullptr};
     if (options.on_progress) {
       p.progress_callback = &progress_trampoline;

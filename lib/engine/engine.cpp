@@ -38,14 +38,17 @@ namespace {
 
 constexpr std::int32_t max_samples = 128;
 
-// Blocks of the KV pool, the null block included (see EngineOptions).
-std::int32_t pool_blocks(const Model& model, const EngineOptions& o) {
+// Blocks of the KV pool, the null block included (see EngineOptions). With tensor parallelism
+// every rank's cache has as many blocks, so the rank with the least free memory decides.
+std::int32_t pool_blocks(const Model& model, const EngineOptions& o, const ModelGroup* group) {
   const std::size_t per_block = model.kv_spec().bytes_per_block(o.block_size);
   std::int64_t blocks = 0;
   if (o.kv_cache_tokens > 0) {
     blocks = (o.kv_cache_tokens + o.block_size - 1) / o.block_size;
   } else {
-    const MemoryInfo mem = model.backend().memory_info();
+    MemoryInfo mem = model.backend().memory_info();
+    for (int r = 1; group != nullptr && r < group->size(); ++r)
+      mem.free_bytes = std::min(mem.free_bytes, group->backend(r).memory_info().free_bytes);
     std::size_t bytes = 0;
     if (model.backend().device().kind == DeviceKind::cuda) {
       bytes = static_cast<std::size_t>(static_cast<double>(mem.free_bytes) * o.gpu_memory_fraction);
@@ -90,6 +93,13 @@ void validate(const EngineOptions& o) {
 }  // namespace
 
 Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& options)
+    : Engine(model, nullptr, tokenizer, options) {}
+
+Engine::Engine(ModelGroup& group, const Tokenizer* tokenizer, const EngineOptions& options)
+    : Engine(group.leader(), &group, tokenizer, options) {}
+
+Engine::Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer,
+               const EngineOptions& options)
     : model_(model), tokenizer_(tokenizer), options_(options) {
   validate(options_);
   // Ids the tokenizer makes must be rows of the embedding (a mismatched tokenizer.json would
@@ -100,14 +110,25 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
   options_.max_seqs = std::min(options_.max_seqs, model.max_logit_rows());
   if (options_.max_batch_tokens == 0 || options_.max_batch_tokens > model.max_batch_tokens())
     options_.max_batch_tokens = model.max_batch_tokens();
-  const std::int32_t blocks = pool_blocks(model, options_);
-  cache_ = std::make_unique<kv::KvCache>(
-      model.backend(), model.kv_spec(),
-      kv::KvCacheOptions{options_.block_size, blocks, 0, options_.prefix_cache});
+  const std::int32_t blocks = pool_blocks(model, options_, group);
+  const kv::KvCacheOptions cache_options{options_.block_size, blocks, 0, options_.prefix_cache};
+  cache_ = std::make_unique<kv::KvCache>(model.backend(), model.kv_spec(), cache_options);
   scheduler_ = std::make_unique<Scheduler>(
       cache_->blocks(), SchedulerConfig{options_.max_seqs, options_.max_batch_tokens,
                                         options_.max_prefill_tokens});
-  runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
+  if (group != nullptr && group->size() > 1) {
+    std::vector<kv::KvCache*> caches{cache_.get()};
+    for (int r = 1; r < group->size(); ++r) {
+      Model& m = group->model(r);
+      caches.push_back(rank_caches_
+                           .emplace_back(std::make_unique<kv::KvCache>(m.backend(), m.kv_spec(),
+                                                                       cache_options))
+                           .get());
+    }
+    runner_ = std::make_unique<ModelRunner>(*group, std::move(caches), options_.pad_decode_batches);
+  } else {
+    runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
+  }
   publish_stats();
   if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });
 }

@@ -33,6 +33,7 @@
 #include "engine/scheduler.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
+#include "models/model_group.hpp"
 
 namespace xserv {
 
@@ -84,6 +85,10 @@ class Engine {
   // outlive the engine. Throws Error(invalid_argument) for bad options, Error(out_of_memory)
   // when the KV pool does not fit.
   Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& options = {});
+  // Over a tensor-parallel model (docs/parallel.md): one scheduler, one KV cache per rank with
+  // the same blocks (sized by the rank with the least free memory), every step run on all
+  // ranks and sampled on rank 0. `group` must outlive the engine.
+  Engine(ModelGroup& group, const Tokenizer* tokenizer, const EngineOptions& options = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -111,6 +116,7 @@ class Engine {
   std::int32_t kv_cache_tokens() const noexcept;
 
  private:
+  Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer, const EngineOptions& options);
   struct Request;
   std::size_t step_locked();
   void take_inbox(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
@@ -129,6 +135,7 @@ class Engine {
   EngineOptions options_;
   std::vector<std::int32_t> eos_ids_;
   std::unique_ptr<kv::KvCache> cache_;
+  std::vector<std::unique_ptr<kv::KvCache>> rank_caches_;  // tensor parallel: ranks 1 ..
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
 

@@ -30,6 +30,17 @@ ModelRunner::ModelRunner(Model& model, kv::KvCache& cache, std::optional<bool> p
       pad_(pad_decode_batches.value_or(model.backend().records_graphs())),
       epoch_(next_epoch()) {}
 
+ModelRunner::ModelRunner(ModelGroup& group, std::vector<kv::KvCache*> caches,
+                         std::optional<bool> pad_decode_batches)
+    : ModelRunner(group.leader(), *caches.at(0), pad_decode_batches) {
+  XSERV_CHECK(static_cast<int>(caches.size()) == group.size(), ErrorCode::internal,
+              "model runner: {} caches for {} ranks", caches.size(), group.size());
+  if (group.size() > 1) {
+    group_ = &group;
+    caches_ = std::move(caches);
+  }
+}
+
 void ModelRunner::build_batch(const SchedulerOutput& out) {
   ForwardBatch& b = batch_;
   b.token_ids.clear();
@@ -134,6 +145,23 @@ void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out
   }
 }
 
+Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader) {
+  Backend& backend = model.backend();
+  const DeviceBatch device_batch = backend.upload_batch(batch_);
+  if (!decode_only) return model.forward(device_batch, cache);
+  // Same launch shapes every step at this (padded) size: the backend may record and replay
+  // (per rank; a recording holds that rank's collectives too).
+  const auto size = batch_.num_seqs();
+  Tensor logits;
+  backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size),
+                    [&] { logits = model.forward(device_batch, cache); });
+  if (!leader) return logits;
+  Tensor& kept = decode_logits_[size];
+  if (logits.empty()) logits = kept;
+  else kept = logits;
+  return logits;
+}
+
 std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   Backend& backend = model_.backend();
   std::lock_guard lock(model_.forward_mutex());  // the model's workspace holds the logits
@@ -146,18 +174,15 @@ std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
   last_host_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  const DeviceBatch device_batch = backend.upload_batch(batch_);
   Tensor logits;
-  if (decode_only) {
-    // Same launch shapes every step at this (padded) size: the backend may record and replay.
-    const auto size = batch_.num_seqs();
-    backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size),
-                      [&] { logits = model_.forward(device_batch, cache_); });
-    Tensor& kept = decode_logits_[size];
-    if (logits.empty()) logits = kept;
-    else kept = logits;
+  if (group_ == nullptr) {
+    logits = forward_rank(model_, cache_, decode_only, true);
   } else {
-    logits = model_.forward(device_batch, cache_);
+    group_->run([&](int r) {
+      Tensor l = forward_rank(group_->model(r), *caches_[static_cast<std::size_t>(r)],
+                              decode_only, r == 0);
+      if (r == 0) logits = l;
+    });
   }
   std::vector<SampledToken> result(rows);
   if (rows == 0) {

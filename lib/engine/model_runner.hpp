@@ -10,6 +10,9 @@
 // recording serves every batch size up to its padded one as sequences come and go. Padding rows
 // hold token 0 at position 0 in the pool's null block (BlockPool::null_block), attend to
 // themselves alone, and are sampled nowhere.
+// Tensor parallel (a ModelGroup): the one batch is uploaded and run on every rank at once, each
+// rank on its own thread with its own KV cache (same block ids: one scheduler); rank 0 returns
+// the logits and samples, the others only take part in the all-reduces.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include "engine/scheduler.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
+#include "models/model_group.hpp"
 
 namespace xserv {
 
@@ -36,6 +40,10 @@ class ModelRunner {
  public:
   // pad_decode_batches unset: on when the backend records graphs.
   ModelRunner(Model& model, kv::KvCache& cache, std::optional<bool> pad_decode_batches = {});
+  // Over the ranks of `group`: caches[r] is rank r's KV cache (caches[0] the one the scheduler
+  // allocates from; every cache has its block count).
+  ModelRunner(ModelGroup& group, std::vector<kv::KvCache*> caches,
+              std::optional<bool> pad_decode_batches = {});
 
   // One entry per sampling chunk of `out`, in chunk order. Throws what the forward throws.
   std::vector<SampledToken> execute(const SchedulerOutput& out);
@@ -53,9 +61,14 @@ class ModelRunner {
   void build_sampling(const SchedulerOutput& out);
   void compute_logprobs(const Tensor& raw, const SchedulerOutput& out,
                         std::vector<SampledToken>& result);
+  // Runs the built batch on one rank: upload, forward (through run_graph for decode steps);
+  // returns its logits (rank 0's rows; none on the other ranks).
+  Tensor forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader);
 
   Model& model_;
   kv::KvCache& cache_;
+  ModelGroup* group_ = nullptr;        // tensor parallel: every rank's model
+  std::vector<kv::KvCache*> caches_;   // and cache; caches_[0] == &cache_
   bool pad_;
   // Recordings hold the pool's addresses; a later pool may land at the same address, so every
   // runner has a process-unique epoch in its graph keys.

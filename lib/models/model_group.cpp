@@ -32,14 +32,19 @@ std::unique_ptr<ModelGroup> ModelGroup::load(const std::string& dir,
   const int size = parallel.size;
   std::unique_ptr<ModelGroup> g(new ModelGroup());
   BackendOptions bo;
-  if (parallel.device == DeviceKind::cpu) {
+  bo.threads = parallel.threads;
+  if (parallel.device == DeviceKind::cpu && size > 1 && bo.threads == 0) {
     const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
-    bo.threads = parallel.threads > 0 ? parallel.threads
-                                      : std::max<std::size_t>(1, hw / static_cast<std::size_t>(size));
+    bo.threads = std::max<std::size_t>(1, hw / static_cast<std::size_t>(size));
   }
   for (int r = 0; r < size; ++r) {
     bo.device_index = devices[static_cast<std::size_t>(r)];
-    g->backends_.push_back(make_backend(parallel.device, bo));
+    try {
+      g->backends_.push_back(make_backend(parallel.device, bo));
+    } catch (const Error& e) {
+      if (size == 1) throw;
+      throw_error(e.code(), "tensor-parallel rank {} of {}: {}", r, size, e.what());
+    }
   }
   if (size > 1) {
     if (parallel.device == DeviceKind::cpu) {

@@ -25,7 +25,8 @@ struct ParallelOptions {
   // Ranks. CUDA: the GPUs, devices[r] for rank r (empty: 0 .. size-1); CPU: ignored.
   int size = 1;
   std::vector<int> devices;
-  // CPU: worker threads of each rank's backend (0: the hardware threads / size).
+  // CPU: worker threads of each rank's backend (0: all hardware threads for one rank, the
+  // hardware threads / size each for several).
   std::size_t threads = 0;
 };
 
