@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "models/model_group.hpp"
 
 namespace xserv::bench {
 
@@ -59,5 +61,17 @@ class ModelDir {
   std::string path_;
   std::filesystem::path tmp_;
 };
+
+// --device (empty: cuda when usable) and --tp of the benchmarks as ParallelOptions: ranks on
+// GPUs 0 .. tp-1 (or CPU threads, `threads` each; 0: the default).
+inline ParallelOptions parallel_options(const std::string& device, int tp, std::size_t threads) {
+  ParallelOptions p;
+  p.device = device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
+             : device == "cuda" ? DeviceKind::cuda
+                                : DeviceKind::cpu;
+  p.size = tp;
+  p.threads = threads;
+  return p;
+}
 
 }  // namespace xserv::bench

@@ -3,7 +3,9 @@
 //
 //   generate_bench (-m DIR | --dummy-weights --config FILE.json) [--device cpu|cuda]
 //                  [--batch B[,B...]] [--prompt-len P] [--gen-len G] [--threads N] [--repeat R]
-//                  [--profile]
+//                  [--profile] [--tp N]
+//
+// --tp N splits the model over N ranks (tensor parallelism: GPUs 0 .. N-1, docs/parallel.md).
 //
 // For each batch size: B random prompts of P tokens are prefilled (packed into forwards of up
 // to max(512, B x P) tokens), then G tokens are generated greedily per sequence (eos ignored).
@@ -40,6 +42,7 @@ struct Options {
   std::int32_t prompt_len = 128, gen_len = 32, repeat = 3;
   std::size_t threads = 0;
   bool profile = false;
+  int tp = 1;
 };
 
 Options parse(int argc, char** argv) {
@@ -59,6 +62,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--gen-len") o.gen_len = number<std::int32_t>(value());
     else if (a == "--threads") o.threads = number<std::size_t>(value());
     else if (a == "--repeat") o.repeat = number<std::int32_t>(value());
+    else if (a == "--tp") o.tp = number<int>(value());
     else if (a == "--batch") {
       o.batches = bench::number_list(value());
     } else {
@@ -104,15 +108,15 @@ int main(int argc, char** argv) try {
   Options o = parse(argc, argv);
   const bench::ModelDir model_dir(o.model, o.config, "bench");  // a lone config: dummy weights
   const std::string& dir = model_dir.path();
-  const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
-                          : o.device == "cuda"                ? DeviceKind::cuda
-                                                              : DeviceKind::cpu;
-  std::unique_ptr<Backend> backend = make_backend(kind, BackendOptions{o.threads, 0});
   bench::TimedBackend* timed = nullptr;
-  if (o.profile) {
-    auto t = std::make_unique<bench::TimedBackend>(std::move(backend));
-    timed = t.get();
-    backend = std::move(t);
+  ParallelOptions po = bench::parallel_options(o.device, o.tp, o.threads);
+  if (o.profile) {  // rank 0's ops timed
+    po.wrap_backend = [&timed](std::unique_ptr<Backend> inner, int rank) -> std::unique_ptr<Backend> {
+      if (rank != 0) return inner;
+      auto t = std::make_unique<bench::TimedBackend>(std::move(inner));
+      timed = t.get();
+      return t;
+    };
   }
   const std::int32_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   ModelOptions mo;
@@ -120,8 +124,10 @@ int main(int argc, char** argv) try {
   mo.max_batch_tokens = std::max(512, std::min(max_batch * o.prompt_len, 8192));
   // Load time: Model::load until every weight is resident (the CUDA backend copies asynchronously).
   const auto load_start = std::chrono::steady_clock::now();
-  auto model = Model::load(dir, *backend, mo);
-  backend->synchronize();
+  auto group = ModelGroup::load(dir, po, mo);
+  group->run([&](int r) { group->backend(r).synchronize(); });
+  Model* model = &group->leader();
+  Backend* backend = &model->backend();
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   const ModelConfig& c = model->config();
@@ -133,13 +139,15 @@ int main(int argc, char** argv) try {
   eo.max_seqs = max_batch;
   eo.kv_cache_tokens = static_cast<std::int64_t>(max_batch) * (o.prompt_len + o.gen_len + eo.block_size);
   eo.prefix_cache = false;
-  Engine engine(*model, nullptr, eo);
+  Engine engine(*group, nullptr, eo);
 
   std::printf("model: %s (%s, %d layers, hidden %d, vocab %d, %s weights%s, %.1f MB)\n",
               o.model.empty() ? o.config.c_str() : o.model.c_str(), c.model_type.c_str(),
               c.num_layers, c.hidden_size, c.vocab_size,
               std::string(dtype_name(model->weight_dtype())).c_str(), o.dummy ? ", dummy" : "",
               static_cast<double>(model->weight_bytes()) / 1e6);
+  if (o.tp > 1) std::printf("tensor parallel: %d ranks (weights per rank: rank 0 %.1f MB)\n", o.tp,
+                           static_cast<double>(model->weight_bytes()) / 1e6);
   std::printf("backend: %s; load %.2f s; prompt %d tokens, %d generated per sequence, best of %d runs\n\n",
               backend->name().c_str(), load_seconds, o.prompt_len, o.gen_len, o.repeat);
   std::printf("| batch | prefill tok/s | decode tok/s | decode ms/step |\n");

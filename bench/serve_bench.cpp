@@ -5,7 +5,9 @@
 //               [--concurrency N[,N...]] [--poisson RATE --requests N]
 //               [--prompt-len 128] [--gen-len 128] [--shared-prefix 1024 --requests 256]
 //               [--max-batch-tokens T] [--max-prefill-tokens P] [--kv-cache-tokens K]
-//               [--gpu-memory-fraction F]
+//               [--gpu-memory-fraction F] [--tp N]
+//
+// --tp N splits the model over N ranks (tensor parallelism: GPUs 0 .. N-1, docs/parallel.md).
 //
 // Workloads (random prompt ids, greedy, eos ignored, so every request runs gen-len tokens):
 // - all at once: for each N of --concurrency, N requests submitted before the first step;
@@ -48,6 +50,7 @@ struct Options {
   std::int32_t max_batch_tokens = 0, max_prefill_tokens = 0;
   std::int64_t kv_cache_tokens = 0;
   float gpu_memory_fraction = 0.9f;
+  int tp = 1;
 };
 
 Options parse(int argc, char** argv) {
@@ -58,7 +61,8 @@ Options parse(int argc, char** argv) {
       XSERV_CHECK(i + 1 < argc, ErrorCode::invalid_argument, "{} needs a value", a);
       return argv[++i];
     };
-    if (a == "-m" || a == "--model") o.model = value();
+    if (a == "--tp") o.tp = number<int>(value());
+    else if (a == "-m" || a == "--model") o.model = value();
     else if (a == "--config") o.config = value();
     else if (a == "--dummy-weights") o.dummy = true;
     else if (a == "--device") o.device = value();
@@ -194,22 +198,21 @@ int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   const bench::ModelDir model_dir(o.model, o.config, "serve-bench");  // a lone config: dummy weights
   const std::string& dir = model_dir.path();
-  const DeviceKind kind = o.device.empty() ? (cuda_available() ? DeviceKind::cuda : DeviceKind::cpu)
-                          : o.device == "cuda"                ? DeviceKind::cuda
-                                                              : DeviceKind::cpu;
-  auto backend = make_backend(kind, BackendOptions{});
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
   mo.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : 2048;
-  auto model = Model::load(dir, *backend, mo);
+  auto group = ModelGroup::load(dir, bench::parallel_options(o.device, o.tp, 0), mo);
+  Model* model = &group->leader();
+  Backend* backend = &model->backend();
   const std::int32_t vocab = model->config().vocab_size;
 
   EngineOptions eo;
   eo.kv_cache_tokens = o.kv_cache_tokens;
   eo.max_prefill_tokens = o.max_prefill_tokens;
   eo.gpu_memory_fraction = o.gpu_memory_fraction;
-  std::printf("model: %s on %s, max_batch_tokens %d\n\n",
+  std::printf("model: %s on %s%s, max_batch_tokens %d\n\n",
               o.model.empty() ? o.config.c_str() : o.model.c_str(), backend->name().c_str(),
+              o.tp > 1 ? fmt::format(" (tensor parallel over {} ranks)", o.tp).c_str() : "",
               model->max_batch_tokens());
   std::printf("| workload | output tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms | prefix hit rate | preemptions | host / forward ms per step |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -228,7 +231,7 @@ int main(int argc, char** argv) try {
     for (bool cache : {true, false}) {
       EngineOptions e = eo;
       e.prefix_cache = cache;
-      Engine engine(*model, nullptr, e);
+      Engine engine(*group, nullptr, e);
       warm_up(engine, rng, o.prompt_len, vocab);
       const Result r = run(engine, arrivals);
       const std::string name = std::to_string(n) + " sharing " + std::to_string(o.shared_prefix) +
@@ -236,7 +239,7 @@ int main(int argc, char** argv) try {
       print(name.c_str(), r);
     }
   } else {
-    Engine engine(*model, nullptr, eo);
+    Engine engine(*group, nullptr, eo);
     warm_up(engine, rng, o.prompt_len, vocab);
     if (o.poisson_rate > 0) {
       const std::int32_t n = o.requests > 0 ? o.requests : 256;

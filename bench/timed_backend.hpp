@@ -60,6 +60,8 @@ class TimedBackend final : public Backend {
     return b;
   }
   void synchronize() override { time("synchronize", [&] { inner_->synchronize(); }); }
+  void bind_thread() override { inner_->bind_thread(); }
+  void* native_stream() noexcept override { return inner_->native_stream(); }
   void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
                  const Tensor& positions) override {
     time("embedding", [&] { inner_->embedding(out, ids, table, pos_table, positions); });

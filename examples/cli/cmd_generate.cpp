@@ -3,7 +3,7 @@
 //   xserv-cli generate -m DIR -p PROMPT [-n N] [--temperature T] [--top-k K] [--top-p P]
 //       [--min-p P] [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
 //       [--seed S] [--stop STR]... [--ignore-eos] [--chat] [--no-thinking] [--ids]
-//       [--device auto|cpu|cuda] [--threads N] [--dummy-weights] [--quiet]
+//       [--device auto|cpu|cuda] [--threads N] [--tp N] [--dummy-weights] [--quiet]
 //
 // Sampling defaults come from the model's generation_config.json when it has them (as
 // transformers does), else temperature 1 and no truncation; --temperature 0 is greedy. Only the
@@ -19,6 +19,7 @@
 #include "engine/generate.hpp"
 #include "generation_config.hpp"
 #include "models/model.hpp"
+#include "models/model_group.hpp"
 #include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
 
@@ -48,6 +49,8 @@ const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
   --ids                      also print the generated ids as a JSON array on the last line
   --device auto|cpu|cuda     default auto: cuda when a GPU is usable, else cpu
   --threads N                CPU worker threads (default: all cores)
+  --tp N                     split the model over N GPUs 0 .. N-1 (tensor parallelism over
+                             NCCL; on the CPU N ranks of threads); default 1
   --dummy-weights            random weights from config.json (speed checks without files)
   --quiet                    no summary on stderr
 )";
@@ -59,6 +62,7 @@ struct Options {
   bool chat = false, thinking = true, ids = false, dummy = false, quiet = false, help = false;
   std::string device;
   std::size_t threads = 0;
+  int tp = 1;
 };
 
 Options parse_options(const Args& args) {
@@ -91,6 +95,7 @@ Options parse_options(const Args& args) {
     else if (a == "--ids") o.ids = true;
     else if (a == "--device") o.device = value();
     else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--tp") o.tp = parse_number<int>(a, value());
     else if (a == "--dummy-weights") o.dummy = true;
     else if (a == "--quiet") o.quiet = true;
     else if (a == "-h" || a == "--help") o.help = true;
@@ -117,11 +122,16 @@ int run_generate(const Args& args) {
   o.params.validate();
 
   const Tokenizer tok = Tokenizer::load(o.model);
-  auto backend = make_backend(pick_device(o.device), BackendOptions{o.threads, 0});
+  ParallelOptions po;
+  po.device = pick_device(o.device);
+  po.size = o.tp;
+  po.threads = o.threads;
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
   mo.on_progress = load_progress_bar(o.model);  // draws on stderr only when it is a terminal
-  auto model = Model::load(o.model, *backend, mo);
+  auto group = ModelGroup::load(o.model, po, mo);
+  Model* model = &group->leader();
+  Backend* backend = &model->backend();
 
   std::vector<std::int32_t> prompt;
   if (o.chat) {
@@ -132,7 +142,7 @@ int run_generate(const Args& args) {
   }
   if (prompt.empty() && model->config().bos_token_id) prompt.push_back(*model->config().bos_token_id);
 
-  Engine engine(*model, &tok, single_sequence_options(*model));
+  Engine engine(*group, &tok, single_sequence_options(*model));
   GenerationStats s;
   GenerationResult r = generate(engine, prompt, o.params, [](const TokenEvent& e) {
     if (!e.text.empty()) {

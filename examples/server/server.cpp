@@ -72,6 +72,8 @@ constexpr const char* kUsage =
     "                            XSERV_API_KEY environment variable; none when unset)\n"
     "  --device auto|cpu|cuda    (default auto: CUDA when available)\n"
     "  --device-index N          which GPU (default 0)\n"
+    "  --tp N                    split the model over N GPUs from --device-index on\n"
+    "                            (tensor parallelism over NCCL; default 1)\n"
     "  --threads N               CPU threads (default: all)\n"
     "  --max-seqs N              requests running at once (default 256)\n"
     "  --max-batch-tokens N      tokens per engine step (default: the model's)\n"
@@ -142,6 +144,7 @@ Options parse_options(int argc, char** argv) {
       else if (d == "cuda") o.model.device = xserv::Device::cuda;
       else usage_error("--device takes auto, cpu or cuda, not '" + d + "'");
     } else if (a == "--device-index") o.model.device_index = static_cast<int>(integer(0, 1024));
+    else if (a == "--tp") o.model.tensor_parallel_size = static_cast<int>(integer(1, 1024));
     else if (a == "--threads") o.model.threads = static_cast<int>(integer(0, 4096));
     else if (a == "--max-seqs") o.engine.max_seqs = static_cast<int>(integer(1, 1 << 20));
     else if (a == "--max-batch-tokens") o.engine.max_batch_tokens = static_cast<int>(integer(0, 1 << 24));

@@ -173,6 +173,11 @@ void Model::set_limits(const ModelOptions& options) {
   shard_ = Shard::plan(config_, comm ? comm->rank() : 0, comm ? comm->size() : 1,
                        dir_ + "/config.json");
   communicator_ = options.communicator;
+  // Measurement only (docs/parallel.md): XSERV_TP_NO_ALLREDUCE=1 leaves the all-reduces out, so
+  // a benchmark's step time without them, against the real one, gives their share. The
+  // results are wrong then (each rank sees only its partial sums).
+  if (const char* env = std::getenv("XSERV_TP_NO_ALLREDUCE"); env && std::string_view(env) == "1")
+    communicator_ = nullptr;
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {

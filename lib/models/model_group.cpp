@@ -40,7 +40,9 @@ std::unique_ptr<ModelGroup> ModelGroup::load(const std::string& dir,
   for (int r = 0; r < size; ++r) {
     bo.device_index = devices[static_cast<std::size_t>(r)];
     try {
-      g->backends_.push_back(make_backend(parallel.device, bo));
+      std::unique_ptr<Backend> backend = make_backend(parallel.device, bo);
+      if (parallel.wrap_backend) backend = parallel.wrap_backend(std::move(backend), r);
+      g->backends_.push_back(std::move(backend));
     } catch (const Error& e) {
       if (size == 1) throw;
       throw_error(e.code(), "tensor-parallel rank {} of {}: {}", r, size, e.what());

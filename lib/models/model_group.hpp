@@ -28,6 +28,9 @@ struct ParallelOptions {
   // CPU: worker threads of each rank's backend (0: all hardware threads for one rank, the
   // hardware threads / size each for several).
   std::size_t threads = 0;
+  // Optional: replaces rank r's backend, as made, by what it returns (benchmarks wrap one in a
+  // timing decorator). The result must forward bind_thread() and native_stream().
+  std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>, int rank)> wrap_backend;
 };
 
 class ModelGroup {
