@@ -10,7 +10,29 @@ namespace {
 constexpr std::size_t piece_alignment = 256;
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-void* device_malloc(std::size_t bytes) {
+// Makes `device` current for its lifetime and restores the previous one: an arena may be used
+// from a thread whose current GPU is another (tensor parallelism: one thread sets up every
+// rank's memory), and cudaMalloc/cudaFree act on the current device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) noexcept {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device &&
+        cudaSetDevice(device) == cudaSuccess)
+      switched_ = true;
+  }
+  ~DeviceScope() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+void* device_malloc(int device, std::size_t bytes) {
+  const DeviceScope scope(device);
   void* p = nullptr;
   cudaError_t status = cudaMalloc(&p, bytes);
   if (status == cudaErrorMemoryAllocation) {
@@ -30,6 +52,7 @@ DeviceArena::DeviceArena(int device_index, std::size_t chunk_bytes)
     : device_index_(device_index), chunk_bytes_(chunk_bytes) {}
 
 DeviceArena::~DeviceArena() {
+  const DeviceScope scope(device_index_);
   for (auto& c : chunks_) (void)cudaFree(c.base);
   for (auto& [p, bytes] : dedicated_) (void)cudaFree(p);
 }
@@ -37,7 +60,7 @@ DeviceArena::~DeviceArena() {
 DeviceArena::Chunk& DeviceArena::new_chunk(std::size_t bytes) {
   Chunk c;
   c.size = bytes;
-  c.base = static_cast<char*>(device_malloc(bytes));
+  c.base = static_cast<char*>(device_malloc(device_index_, bytes));
   reserved_ += bytes;
   chunks_.push_back(c);
   return chunks_.back();
@@ -48,7 +71,7 @@ void* DeviceArena::allocate(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   const std::size_t size = round_up(bytes, piece_alignment);
   if (size > chunk_bytes_ / 2) {
-    void* p = device_malloc(size);
+    void* p = device_malloc(device_index_, size);
     dedicated_.emplace(p, size);
     reserved_ += size;
     return p;
@@ -74,6 +97,7 @@ void DeviceArena::deallocate(void* p, std::size_t) noexcept {
   std::lock_guard lock(mutex_);
   if (auto it = dedicated_.find(p); it != dedicated_.end()) {
     reserved_ -= it->second;
+    const DeviceScope scope(device_index_);
     (void)cudaFree(p);  // synchronizes the device: frees happen at teardown, not in a step
     dedicated_.erase(it);
     return;

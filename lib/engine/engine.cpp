@@ -117,14 +117,16 @@ Engine::Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer,
       cache_->blocks(), SchedulerConfig{options_.max_seqs, options_.max_batch_tokens,
                                         options_.max_prefill_tokens});
   if (group != nullptr && group->size() > 1) {
-    std::vector<kv::KvCache*> caches{cache_.get()};
-    for (int r = 1; r < group->size(); ++r) {
+    // Each rank's cache made on its own thread (its device current).
+    rank_caches_.resize(static_cast<std::size_t>(group->size() - 1));
+    group->run([&](int r) {
+      if (r == 0) return;
       Model& m = group->model(r);
-      caches.push_back(rank_caches_
-                           .emplace_back(std::make_unique<kv::KvCache>(m.backend(), m.kv_spec(),
-                                                                       cache_options))
-                           .get());
-    }
+      rank_caches_[static_cast<std::size_t>(r - 1)] =
+          std::make_unique<kv::KvCache>(m.backend(), m.kv_spec(), cache_options);
+    });
+    std::vector<kv::KvCache*> caches{cache_.get()};
+    for (auto& c : rank_caches_) caches.push_back(c.get());
     runner_ = std::make_unique<ModelRunner>(*group, std::move(caches), options_.pad_decode_batches);
   } else {
     runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);

@@ -70,9 +70,30 @@ std::unique_ptr<ModelGroup> ModelGroup::load(const std::string& dir,
 }
 
 ModelGroup::~ModelGroup() {
-  // Models (their workspaces and weights) go before the communicators and backends they use.
+  // Models (their workspaces and weights) go before the communicators and backends they use;
+  // each rank's on its own thread, its device current (CUDA frees and handle teardown act on
+  // the current device).
+  auto on_ranks = [this](const std::function<void(std::size_t)>& fn) {
+    auto each = [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (i < backends_.size() && backends_[i]) backends_[i]->bind_thread();
+      fn(i);
+    };
+    try {
+      if (workers_) workers_->run(each);
+      else for (int r = 0; r < static_cast<int>(backends_.size()); ++r) each(r);
+    } catch (...) {  // a destructor reports nothing; what is left goes below
+    }
+  };
+  on_ranks([this](std::size_t i) {
+    if (i < models_.size()) models_[i].reset();
+  });
   models_.clear();
   comms_.clear();
+  on_ranks([this](std::size_t i) {
+    if (i < backends_.size()) backends_[i].reset();
+  });
+  backends_.clear();
 }
 
 void ModelGroup::run(const std::function<void(int rank)>& fn) {

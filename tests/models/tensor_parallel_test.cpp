@@ -14,6 +14,7 @@
 #include "models/model_group.hpp"
 #include "support/golden.hpp"
 #include "support/temp_dir.hpp"
+#include "support/tensor_parallel.hpp"
 #include "models/tiny_models.hpp"
 
 using namespace xserv;
@@ -32,22 +33,6 @@ std::unique_ptr<ModelGroup> load_group(const std::string& dir, int size) {
   return ModelGroup::load(dir, p, o);
 }
 
-// The group's forward of `b` on every rank, with each rank's own cache; rank 0's logits.
-std::vector<float> group_forward(ModelGroup& g, std::vector<std::unique_ptr<kv::KvCache>>& caches,
-                                 const ForwardBatch& b) {
-  std::vector<float> out;
-  g.run([&](int r) {
-    Tensor logits = g.model(r).forward(b, *caches[static_cast<std::size_t>(r)]);
-    if (r != 0) {
-      CHECK(logits.shape[0] == 0);  // only rank 0 computes the head
-      return;
-    }
-    out.resize(static_cast<std::size_t>(logits.numel()));
-    g.backend(0).download(out.data(), logits);
-  });
-  return out;
-}
-
 std::int32_t argmax(const std::vector<float>& row) {
   return static_cast<std::int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
@@ -55,21 +40,15 @@ std::int32_t argmax(const std::vector<float>& row) {
 void check_tensor_parallel(const std::string& name, int size) {
   INFO(name << " over " << size << " ranks");
   const std::string dir = models + name;
-  auto one = load_group(dir, 1);
-  auto group = load_group(dir, size);
-  REQUIRE(group->size() == size);
+  test::TpRun one(dir, DeviceKind::cpu, 1), group(dir, DeviceKind::cpu, size);
+  REQUIRE(group.group->size() == size);
   const auto cases = test::read_golden_cases(dir + "/golden.json");
   REQUIRE(!cases.empty());
-  const std::int64_t vocab = one->leader().config().vocab_size;
-  const kv::KvCacheOptions co{16, 16, 0};
-  std::vector<std::unique_ptr<kv::KvCache>> one_cache, caches;
-  one_cache.push_back(std::make_unique<kv::KvCache>(one->backend(0), one->leader().kv_spec(), co));
-  for (int r = 0; r < size; ++r) {
-    const kv::KvSpec spec = group->model(r).kv_spec();
-    CHECK(spec.num_kv_heads * std::min(size, one->leader().config().num_kv_heads) ==
-          one->leader().config().num_kv_heads);
-    caches.push_back(std::make_unique<kv::KvCache>(group->backend(r), spec, co));
-  }
+  const ModelConfig& config = one.group->leader().config();
+  const std::int64_t vocab = config.vocab_size;
+  for (int r = 0; r < size; ++r)
+    CHECK(group.group->model(r).kv_spec().num_kv_heads * std::min(size, config.num_kv_heads) ==
+          config.num_kv_heads);
 
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const test::GoldenCase& c = cases[ci];
@@ -79,10 +58,10 @@ void check_tensor_parallel(const std::string& name, int size) {
     kv::BlockTable table(16);
     const auto n = static_cast<std::int32_t>(c.prompt_ids.size());
     const auto total = n + static_cast<std::int32_t>(c.greedy_ids.size());
-    table.ensure_capacity(one_cache[0]->blocks(), total);
+    table.ensure_capacity(one.blocks(), total);
     const ForwardBatch prefill = test::prefill_batch(c.prompt_ids, table, c.logit_positions);
-    const auto want = group_forward(*one, one_cache, prefill);
-    const auto got = group_forward(*group, caches, prefill);
+    const auto want = one.forward(prefill);
+    const auto got = group.forward(prefill);
     REQUIRE(got.size() == want.size());
     // Metric, per logits row: max |TP - TP=1| <= 1e-5 * max |TP=1| (f32; only the order of
     // the partial sums differs).
@@ -97,11 +76,10 @@ void check_tensor_parallel(const std::string& name, int size) {
     for (std::size_t i = 0; i < c.greedy_ids.size(); ++i) {
       ids.push_back(argmax(last));
       if (i + 1 == c.greedy_ids.size()) break;
-      last = group_forward(*group, caches,
-                           test::decode_batch(ids.back(), n + static_cast<std::int32_t>(i), table));
+      last = group.forward(test::decode_batch(ids.back(), n + static_cast<std::int32_t>(i), table));
     }
     CHECK(ids == c.greedy_ids);
-    table.release(one_cache[0]->blocks());
+    table.release(one.blocks());
   }
 }
 
