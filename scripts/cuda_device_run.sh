@@ -206,15 +206,23 @@ elif [ "$stage" = final ]; then
 elif [ "$stage" = tp ]; then
   export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the shared machine (KINDS.md)
   nvidia-smi topo -m 2>&1 | head -4 | tee "$OUT/topo.txt"
+  tpb() {  # config, extra args: generate_bench on dummy weights
+    timeout 100 "$bin/generate_bench" --dummy-weights --config "bench/configs/$1.json" --device cuda \
+      --prompt-len 128 --gen-len 128 --repeat 2 "${@:2}" 2>&1 | grep -E "^\||tensor|backend|rror"
+  }
+  if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+    echo "== one GPU: every [cuda] test (the 2-GPU ones skip), Qwen3-8B / 14B batch-1 decode at TP=1"
+    run_cuda_tests 150
+    { echo "-- qwen3-8b tp1"; tpb qwen3-8b --batch 1; echo "-- qwen3-14b tp1"; tpb qwen3-14b --batch 1; } |
+      tee "$OUT/tp_bench.txt"
+    echo "== done"
+    exit 0
+  fi
   checkpoints gpt2 qwen3-0.6b
   echo "== tensor-parallel tests (2 GPUs vs 1)"
   XSERV_TP_MODELS=/tmp/models/gpt2:/tmp/models/qwen3-0.6b timeout 150 "$bin/xserv_tests" "[parallel]" \
     -s >"$OUT/tp_tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|f32:|16-bit:|skipped" "$OUT/tp_tests.txt" | tail -12
-  tpb() {  # config, extra args: generate_bench on dummy weights
-    timeout 100 "$bin/generate_bench" --dummy-weights --config "bench/configs/$1.json" --device cuda \
-      --prompt-len 128 --gen-len 128 --repeat 2 "${@:2}" 2>&1 | grep -E "^\||tensor|backend|rror"
-  }
   echo "== decode batch 1: Qwen3-8B, Qwen3-14B at TP=1, TP=2, TP=2 without all-reduces"
   {
     echo "-- qwen3-8b tp1"; tpb qwen3-8b --batch 1,16
