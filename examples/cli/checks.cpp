@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/utf8.hpp"
+#include "progress.hpp"
 
 namespace xserv::cli {
 
@@ -61,6 +62,16 @@ void require_utf8(std::string_view text, std::string_view what) {
   if (bad != std::string_view::npos)
     throw_error(ErrorCode::invalid_argument, "{} is not valid UTF-8 (bad byte at offset {})", what,
                 bad);
+}
+
+std::unique_ptr<ModelGroup> load_model_group(const std::string& dir, const std::string& device,
+                                             int tp, std::size_t threads, ModelOptions options) {
+  ParallelOptions p;
+  p.device = pick_device(device);
+  p.size = tp;
+  p.threads = threads;
+  options.on_progress = load_progress_bar(dir);  // draws on stderr only when it is a terminal
+  return ModelGroup::load(dir, p, options);
 }
 
 }  // namespace xserv::cli

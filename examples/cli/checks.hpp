@@ -10,6 +10,7 @@
 
 #include "backend/backend.hpp"
 #include "core/error.hpp"
+#include "models/model_group.hpp"
 
 namespace xserv::cli {
 
@@ -24,6 +25,13 @@ void check_model_path(const std::string& path, ModelPath kind);
 // --device: "" or "auto" = CUDA when a GPU is usable, else the CPU; "cpu"; "cuda" (fails
 // clearly when this build has no CUDA backend or no GPU is usable).
 DeviceKind pick_device(const std::string& name);
+
+// The model of `dir` on --device, split over --tp ranks (GPUs 0 .. tp-1; CPU: threads, each
+// with `threads` workers, 0 = the default), the load progress drawn on stderr when it is a
+// terminal. The commands' one way to load: tp 1 is the model on one backend.
+std::unique_ptr<ModelGroup> load_model_group(const std::string& dir, const std::string& device,
+                                             int tp, std::size_t threads,
+                                             ModelOptions options = {});
 
 // Fails when `text` is not valid UTF-8, naming `what` (e.g. "--stop") and the byte offset.
 void require_utf8(std::string_view text, std::string_view what);

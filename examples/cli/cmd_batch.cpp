@@ -3,7 +3,7 @@
 // order.
 //
 //   xserv-cli batch -m DIR [--device auto|cpu|cuda] [--kv-cache-tokens N] [--max-seqs N]
-//       [--threads N] < requests.jsonl > results.jsonl
+//       [--threads N] [--tp N] < requests.jsonl > results.jsonl
 //
 // A request line is an object with "prompt" (string) or "messages" (array of {role, content},
 // rendered as `xserv-cli generate --chat` does: the model's chat template, or without one the
@@ -51,6 +51,8 @@ const char* kUsage = R"(usage: xserv-cli batch -m DIR [options] < requests.jsonl
   --kv-cache-tokens N        KV-cache pool size in tokens (default: the engine's)
   --max-seqs N               requests running at once (default 256)
   --threads N                CPU worker threads (default: all cores)
+  --tp N                     split the model over N GPUs 0 .. N-1 (tensor parallelism over
+                             NCCL; on the CPU N ranks of threads); default 1
 
 Each stdin line: {"prompt": "..."} or {"messages": [{"role": "user", "content": "..."}]}, plus
 optional max_tokens (default 128), temperature, top_p, top_k, min_p, repetition_penalty,
@@ -64,6 +66,7 @@ struct Options {
   std::int64_t kv_cache_tokens = 0;
   std::int32_t max_seqs = 256;
   std::size_t threads = 0;
+  int tp = 1;
   bool help = false;
 };
 
@@ -80,6 +83,7 @@ Options parse_options(const Args& args) {
     else if (a == "--kv-cache-tokens") o.kv_cache_tokens = parse_number<std::int64_t>(a, value());
     else if (a == "--max-seqs") o.max_seqs = parse_number<std::int32_t>(a, value());
     else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--tp") o.tp = parse_number<int>(a, value());
     else if (a == "-h" || a == "--help") o.help = true;
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli batch --help)", a);
   }
@@ -278,10 +282,8 @@ int run_batch(const Args& args) {
     return 0;
   }
   const Tokenizer tok = Tokenizer::load(o.model);
-  auto backend = make_backend(pick_device(o.device), BackendOptions{o.threads, 0});
-  ModelOptions mo;
-  mo.on_progress = load_progress_bar(o.model);  // draws on stderr only when it is a terminal
-  auto model = Model::load(o.model, *backend, mo);
+  auto group = load_model_group(o.model, o.device, o.tp, o.threads);
+  Model* model = &group->leader();
 
   std::vector<Item> items;
   for (std::string line; std::getline(std::cin, line);) {
@@ -293,7 +295,7 @@ int run_batch(const Args& args) {
   EngineOptions eo;
   eo.max_seqs = o.max_seqs;
   eo.kv_cache_tokens = o.kv_cache_tokens;
-  Engine engine(*model, &tok, eo);
+  Engine engine(*group, &tok, eo);
   run_all(engine, items);
 
   bool failed = false;

@@ -20,7 +20,6 @@
 #include "core/error.hpp"
 #include "engine/generate.hpp"
 #include "models/model.hpp"
-#include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv::cli {
@@ -49,7 +48,8 @@ constexpr const char* kUsage =
     "  --system TEXT          system prompt (chat-template models)\n"
     "  --think                let Qwen3 think before answering (default: enable_thinking=false)\n"
     "  --device auto|cpu|cuda (default auto: cuda when a GPU is usable, else cpu)\n"
-    "  --threads N            CPU threads (default: all)\n";
+    "  --threads N            CPU threads (default: all)\n"
+    "  --tp N                 split the model over N GPUs 0 .. N-1 (tensor parallelism)\n";
 
 struct ChatOptions {
   std::string model_dir;
@@ -58,6 +58,7 @@ struct ChatOptions {
   bool think = false;
   std::string device;
   std::size_t threads = 0;
+  int tp = 1;
 };
 
 std::string value_of(const Args& args, std::size_t& i) {
@@ -95,6 +96,7 @@ ChatOptions parse(const Args& args) {
     else if (a == "--think") o.think = true;
     else if (a == "--device") o.device = value_of(args, i);
     else if (a == "--threads") o.threads = static_cast<std::size_t>(number_of(args, i));
+    else if (a == "--tp") o.tp = parse_number<int>(a, value_of(args, i));
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see --help)", a);
   }
   XSERV_CHECK(!o.model_dir.empty(), ErrorCode::invalid_argument, "-m DIR is required");
@@ -117,9 +119,10 @@ TokenCallback print_text() {
 
 class Chat {
  public:
-  Chat(const ChatOptions& o, Model& model, const Tokenizer& tokenizer)
-      : o_(o), tok_(tokenizer), engine_(model, &tokenizer, single_sequence_options(model)),
-        n_ctx_(model.config().max_position_embeddings) {
+  Chat(const ChatOptions& o, ModelGroup& group, const Tokenizer& tokenizer)
+      : o_(o), tok_(tokenizer),
+        engine_(group, &tokenizer, single_sequence_options(group.leader())),
+        n_ctx_(group.leader().config().max_position_embeddings) {
     sampling_ = o.sampling;
     // ChatML ends a turn with <|im_end|>; stop there even if generation_config.json does not
     // list it among the eos ids.
@@ -224,14 +227,11 @@ int run_chat(const Args& args) {
       return 0;
     }
   const ChatOptions o = parse(args);
-  BackendOptions bo;
-  bo.threads = o.threads;
-  std::unique_ptr<Backend> backend = make_backend(pick_device(o.device), bo);
-  ModelOptions mo;
-  mo.on_progress = load_progress_bar(o.model_dir);
-  std::unique_ptr<Model> model = Model::load(o.model_dir, *backend, mo);
+  const std::unique_ptr<ModelGroup> group = load_model_group(o.model_dir, o.device, o.tp, o.threads);
+  Model* model = &group->leader();
+  Backend* backend = &model->backend();
   const Tokenizer tokenizer = Tokenizer::load(o.model_dir);
-  Chat chat(o, *model, tokenizer);
+  Chat chat(o, *group, tokenizer);
 
   const bool interactive = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr, "%s: %s, %d layers, on %s\n", o.model_dir.c_str(),

@@ -20,7 +20,6 @@
 #include "generation_config.hpp"
 #include "models/model.hpp"
 #include "models/model_group.hpp"
-#include "progress.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 namespace xserv::cli {
@@ -122,14 +121,9 @@ int run_generate(const Args& args) {
   o.params.validate();
 
   const Tokenizer tok = Tokenizer::load(o.model);
-  ParallelOptions po;
-  po.device = pick_device(o.device);
-  po.size = o.tp;
-  po.threads = o.threads;
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
-  mo.on_progress = load_progress_bar(o.model);  // draws on stderr only when it is a terminal
-  auto group = ModelGroup::load(o.model, po, mo);
+  auto group = load_model_group(o.model, o.device, o.tp, o.threads, mo);
   Model* model = &group->leader();
   Backend* backend = &model->backend();
 
