@@ -97,6 +97,7 @@ static void test_defaults(void) {
   xserv_generate_params gp = xserv_generate_default_params();
   CHECK(mp.device == XSERV_DEVICE_AUTO && mp.n_threads == 0 && mp.dtype == XSERV_DTYPE_AUTO);
   CHECK(mp.progress_callback == NULL && mp.progress_user_data == NULL);
+  CHECK(mp.tensor_parallel_size == 1);
   CHECK(gp.max_tokens > 0 && gp.temperature == 1.0f && gp.top_k == 0 && gp.top_p == 1.0f);
   CHECK(gp.seed == XSERV_SEED_RANDOM && gp.stop_strings == NULL && gp.n_stop_strings == 0);
   CHECK(gp.repetition_penalty == 1.0f && !gp.ignore_eos);
@@ -149,7 +150,47 @@ static void test_bad_params(void) {
   mp = xserv_model_default_params();
   mp.dtype = (xserv_dtype)9;
   CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT, "dtype");
+  mp = xserv_model_default_params();
+  mp.tensor_parallel_size = 0;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT,
+               "tensor_parallel_size");
+  /* The Shakespeare model has 4 heads: 3 ranks cannot split them. */
+  mp.tensor_parallel_size = 3;
+  mp.device = XSERV_DEVICE_CPU;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT,
+               "does not divide the model's 4 attention heads");
   CHECK(model == NULL);
+}
+
+/* Tensor parallelism on the CPU (ranks are threads): the same greedy text as one rank; a host
+ * compiled before tensor_parallel_size existed (a smaller struct_size) gets one rank. */
+static void test_tensor_parallel(const char* one_rank_text) {
+  xserv_model* model = NULL;
+  xserv_model_params mp = xserv_model_default_params();
+  xserv_generate_params gp = xserv_generate_default_params();
+  char* text = NULL;
+  gp.temperature = 0.0f;
+  gp.max_tokens = 24;
+  gp.ignore_eos = true;
+  mp.device = XSERV_DEVICE_CPU;
+  mp.n_threads = 1;
+  mp.tensor_parallel_size = 2;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_OK, "");
+  if (model != NULL) {
+    CHECK(strstr(xserv_model_desc(model), "tensor parallel over 2 ranks") != NULL);
+    CHECK_STATUS(xserv_generate(model, "ROMEO:", &gp, NULL, NULL, &text), XSERV_OK, "");
+    CHECK(text != NULL && one_rank_text != NULL && strcmp(text, one_rank_text) == 0);
+    xserv_string_free(text);
+    xserv_model_free(model);
+  }
+  model = NULL;
+  mp.struct_size = offsetof(xserv_model_params, tensor_parallel_size);
+  mp.tensor_parallel_size = 0; /* past struct_size: never read */
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_OK, "");
+  if (model != NULL) {
+    CHECK(strstr(xserv_model_desc(model), "tensor parallel") == NULL);
+  }
+  xserv_model_free(model);
 }
 
 static void test_missing_dir(void) {
@@ -607,6 +648,16 @@ int main(void) {
         test_generate(model);
         test_reentry(model);
         test_long_prompt(model);
+        {
+          xserv_generate_params gp = xserv_generate_default_params();
+          char* text = NULL;
+          gp.temperature = 0.0f;
+          gp.max_tokens = 24;
+          gp.ignore_eos = true;
+          CHECK_STATUS(xserv_generate(model, "ROMEO:", &gp, NULL, NULL, &text), XSERV_OK, "");
+          test_tensor_parallel(text);
+          xserv_string_free(text);
+        }
       }
       xserv_model_free(model);
     } else {
