@@ -156,7 +156,7 @@ TEST_CASE("tensor-parallel ranks load dummy weights of their shard's shapes", "[
 }
 
 TEST_CASE("an engine over a tensor-parallel group generates the single-rank continuations",
-          "[models][parallel]") {
+          "[models][parallel][threads]") {
   for (const char* name : {"tiny-gpt2", "tiny-qwen3"}) {
     INFO(name);
     const std::string dir = models + name;

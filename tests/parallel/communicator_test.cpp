@@ -14,7 +14,7 @@
 
 using namespace xserv;
 
-TEST_CASE("host all_reduce_sum gives every rank the sum, in f32, bf16 and f16", "[parallel]") {
+TEST_CASE("host all_reduce_sum gives every rank the sum, in f32, bf16 and f16", "[parallel][threads]") {
   for (int size : {1, 2, 3, 4}) {
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       INFO("size " << size << " dtype " << dtype_name(dtype));
@@ -50,7 +50,7 @@ TEST_CASE("host all_reduce_sum gives every rank the sum, in f32, bf16 and f16", 
 }
 
 TEST_CASE("host communicators refuse a bad size, mismatched tensors and wake peers on abort",
-          "[parallel]") {
+          "[parallel][threads]") {
   CHECK_THROWS_MATCHES(make_host_communicators(0), Error,
                        Catch::Matchers::Predicate<Error>(
                            [](const Error& e) { return e.code() == ErrorCode::invalid_argument; }));
@@ -79,7 +79,7 @@ TEST_CASE("host communicators refuse a bad size, mismatched tensors and wake pee
 }
 
 TEST_CASE("RankWorkers runs every rank at once and rethrows a rank's error",
-          "[parallel]") {
+          "[parallel][threads]") {
   CHECK_THROWS_AS(RankWorkers(0), Error);
   RankWorkers workers(3);
   std::atomic<int> seen{0};
