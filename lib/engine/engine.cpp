@@ -49,6 +49,8 @@ std::int32_t pool_blocks(const Model& model, const EngineOptions& o, const Model
     MemoryInfo mem = model.backend().memory_info();
     for (int r = 1; group != nullptr && r < group->size(); ++r)
       mem.free_bytes = std::min(mem.free_bytes, group->backend(r).memory_info().free_bytes);
+    // Asking another rank's GPU made it current (CUDA): this thread works for rank 0.
+    if (group != nullptr) model.backend().bind_thread();
     std::size_t bytes = 0;
     if (model.backend().device().kind == DeviceKind::cuda) {
       bytes = static_cast<std::size_t>(static_cast<double>(mem.free_bytes) * o.gpu_memory_fraction);
