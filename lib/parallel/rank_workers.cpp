@@ -52,8 +52,11 @@ void RankWorkers::worker(int rank) {
     }
     std::lock_guard lock(mutex_);
     if (error) {
-      if (!first_error_) first_error_ = error;
       if (on_error_) on_error_();
+      // Hand the exception over (or drop it) under the lock: once pending_ reaches 0 the caller
+      // owns and frees it, and this thread must not touch it any more.
+      if (!first_error_) first_error_ = std::move(error);
+      error = nullptr;
     }
     if (--pending_ == 0) done_.notify_all();
   }

@@ -38,15 +38,15 @@ struct TpRun {
   // Rank 0's f32 logits [R * vocab] of `b`, run on every rank at once.
   std::vector<float> forward(const ForwardBatch& b) {
     std::vector<float> out;
-    group->run([&](int r) {
+    std::vector<std::int64_t> rows(caches.size(), -1);
+    group->run([&](int r) {  // no Catch2 assertion in here: Catch2 is not thread-safe
       Tensor logits = group->model(r).forward(b, *caches[static_cast<std::size_t>(r)]);
-      if (r != 0) {
-        CHECK(logits.shape[0] == 0);  // only rank 0 computes the head
-        return;
-      }
+      rows[static_cast<std::size_t>(r)] = logits.shape[0];
+      if (r != 0) return;
       out.resize(static_cast<std::size_t>(logits.numel()));
       group->backend(0).download(out.data(), logits);
     });
+    for (std::size_t r = 1; r < rows.size(); ++r) CHECK(rows[r] == 0);  // the head: rank 0 only
     return out;
   }
 };
