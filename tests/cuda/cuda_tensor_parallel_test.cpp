@@ -189,3 +189,59 @@ TEST_CASE("cuda: more tensor-parallel ranks than GPUs is a clear error", "[cuda]
     CHECK(std::string(e.what()).find("tensor-parallel rank") != std::string::npos);
   }
 }
+
+// One GPU is enough to run the dlopen'd NCCL for real: a one-rank communicator's all-reduce is
+// the identity, so a model whose forward calls it (eagerly and recorded into CUDA graphs) must
+// give exactly the logits of the same model without it. This checks the declared NCCL ABI
+// (ncclCommInitAll, ncclAllReduce's argument order and enum values) and graph capture.
+TEST_CASE("cuda: NCCL loaded at run time runs inside forwards and CUDA graphs (one rank)",
+          "[cuda][parallel]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  std::string why;
+  if (!nccl_available(&why)) {
+    WARN("no NCCL (" << why << "): test skipped");
+    return;
+  }
+  for (const char* name : {"tiny-gpt2", "tiny-qwen3-bf16"}) {
+    INFO(name);
+    const std::string dir = std::string(XSERV_TEST_DATA_DIR "/models/") + name;
+    auto backend = cuda::make_cuda_backend({});
+    auto comms = make_nccl_communicators({0}, {backend->native_stream()});
+    REQUIRE(comms.size() == 1);
+    ModelOptions with_nccl;
+    with_nccl.communicator = comms[0].get();
+    auto plain = Model::load(dir, *backend, {});
+    auto reduced = Model::load(dir, *backend, with_nccl);
+    std::vector<std::vector<float>> runs[2];
+    std::uint64_t key = 100;
+    for (Model* m : {plain.get(), reduced.get()}) {
+      auto& out = runs[m == reduced.get() ? 1 : 0];
+      kv::KvCache cache(*backend, m->kv_spec(), {16, 8, 0});
+      kv::BlockTable table(16);
+      const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8};
+      const auto n = static_cast<std::int32_t>(prompt.size());
+      table.ensure_capacity(cache.blocks(), n + 6);
+      auto read = [&](const Tensor& logits) {
+        std::vector<float> v(static_cast<std::size_t>(logits.numel()));
+        backend->download(v.data(), logits);
+        out.push_back(v);
+      };
+      read(m->forward(test::prefill_batch(prompt, table, {n - 1}), cache));
+      ++key;
+      Tensor recorded;
+      for (std::int32_t step = 0; step < 5; ++step) {  // eager, recorded, then replayed
+        const DeviceBatch db = backend->upload_batch(test::decode_batch(step + 1, n + step, table));
+        Tensor logits;
+        backend->run_graph(key, [&] { logits = m->forward(db, cache); });
+        if (logits.empty()) logits = recorded;
+        else recorded = logits;
+        read(logits);
+      }
+    }
+    REQUIRE(runs[0].size() == runs[1].size());
+    for (std::size_t i = 0; i < runs[0].size(); ++i) {
+      INFO("forward " << i);
+      CHECK(runs[0][i] == runs[1][i]);  // exact: a one-rank sum changes nothing
+    }
+  }
+}
