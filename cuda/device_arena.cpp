@@ -16,9 +16,12 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 class DeviceScope {
  public:
   explicit DeviceScope(int device) noexcept {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device &&
-        cudaSetDevice(device) == cudaSuccess)
-      switched_ = true;
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      if (cudaSetDevice(device) == cudaSuccess) switched_ = true;
+      // A device that does not exist (an arena of a backend whose constructor refused it):
+      // clear the error, or the next launch check anywhere in the process would report it.
+      else (void)cudaGetLastError();
+    }
   }
   ~DeviceScope() {
     if (switched_) (void)cudaSetDevice(previous_);
@@ -52,6 +55,7 @@ DeviceArena::DeviceArena(int device_index, std::size_t chunk_bytes)
     : device_index_(device_index), chunk_bytes_(chunk_bytes) {}
 
 DeviceArena::~DeviceArena() {
+  if (chunks_.empty() && dedicated_.empty()) return;  // nothing was allocated on the device
   const DeviceScope scope(device_index_);
   for (auto& c : chunks_) (void)cudaFree(c.base);
   for (auto& [p, bytes] : dedicated_) (void)cudaFree(p);

@@ -188,6 +188,15 @@ TEST_CASE("cuda: more tensor-parallel ranks than GPUs is a clear error", "[cuda]
     INFO(e.what());
     CHECK(std::string(e.what()).find("tensor-parallel rank") != std::string::npos);
   }
+  // The refused load leaves nothing behind: a model on GPU 0 loads and runs afterwards (an
+  // arena of the refused device once left "invalid device ordinal" for the next launch check).
+  auto backend = cuda::make_cuda_backend({});
+  auto model = Model::load(std::string(XSERV_TEST_DATA_DIR) + "/models/tiny-gpt2", *backend, {});
+  kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
+  kv::BlockTable table(16);
+  table.ensure_capacity(cache.blocks(), 3);
+  CHECK(model->forward(test::prefill_batch({1, 2, 3}, table, {2}), cache).shape[0] == 1);
+  backend->synchronize();
 }
 
 // One GPU is enough to run the dlopen'd NCCL for real: a one-rank communicator's all-reduce is
