@@ -122,6 +122,7 @@ std::vector<std::unique_ptr<Communicator>> make_host_communicators(int size) {
               "tensor-parallel size {} (expected 1 ..= 1024)", size);
   auto group = std::make_shared<HostGroup>(size);
   std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) comms.push_back(std::make_unique<HostCommunicator>(group, r));
   return comms;
 }

@@ -140,6 +140,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
   std::vector<NcclComm> raw(devices.size(), nullptr);
   check(api, api.comm_init_all(raw.data(), n, devices.data()), "ncclCommInitAll");
   std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(devices.size());
   for (int r = 0; r < n; ++r)
     comms.push_back(std::make_unique<NcclCommunicator>(api, raw[static_cast<std::size_t>(r)], r, n,
                                                        streams[static_cast<std::size_t>(r)]));
