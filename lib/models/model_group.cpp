@@ -97,6 +97,7 @@ ModelGroup::~ModelGroup() {
 }
 
 void ModelGroup::run(const std::function<void(int rank)>& fn) {
+  std::lock_guard lock(run_mutex_);
   try {
     workers_->run(
         [&](int r) {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,8 @@ class ModelGroup {
   Model& leader() const { return model(0); }
 
   // fn(rank) on every rank at once (RankWorkers); when a rank throws, the communicators are
-  // aborted so that no peer waits for it, and the first error is rethrown.
+  // aborted so that no peer waits for it, and the first error is rethrown. Thread-safe: calls
+  // from several threads (engines sharing the model) take turns; fn must not call run().
   void run(const std::function<void(int rank)>& fn);
 
  private:
@@ -61,6 +63,7 @@ class ModelGroup {
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<Model>> models_;
   std::unique_ptr<RankWorkers> workers_;
+  std::mutex run_mutex_;  // one run() at a time: RankWorkers is not reentrant
 };
 
 }  // namespace xserv

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -172,5 +173,27 @@ TEST_CASE("an engine over a tensor-parallel group generates the single-rank cont
       INFO("case " << ci);
       CHECK(results[ci].tokens == cases[ci].greedy_ids);
     }
+  }
+}
+
+TEST_CASE("two engines over one tensor-parallel group step from two threads", "[models][parallel][threads]") {
+  const std::string dir = models + "tiny-qwen3";
+  const auto cases = test::read_golden_cases(dir + "/golden.json");
+  auto group = load_group(dir, 2);
+  Engine first(*group, nullptr);
+  std::vector<GenerationResult> a, b;
+  // The second engine is made (its ranks' caches too) while the first one steps.
+  std::thread other([&] {
+    Engine second(*group, nullptr);
+    b = generate(second, test::greedy_requests(cases));
+  });
+  a = generate(first, test::greedy_requests(cases));
+  other.join();
+  REQUIRE(a.size() == cases.size());
+  REQUIRE(b.size() == cases.size());
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    INFO("case " << ci);
+    CHECK(a[ci].tokens == cases[ci].greedy_ids);
+    CHECK(b[ci].tokens == cases[ci].greedy_ids);
   }
 }
