@@ -12,6 +12,7 @@ a token-id prompt is its length; top_logprobs[0] of a greedy token is the token 
 """
 import json
 import socket
+import subprocess
 import sys
 import time
 
@@ -330,6 +331,22 @@ def test_error_after_headers(binary, model):
         s.stop()
 
 
+def test_tensor_parallel(binary, model, one_rank_text):
+    """--tp 2 on the CPU (two ranks of threads): the same greedy completion as one rank; a size
+    that does not divide the model's 4 heads is refused at start with the reason."""
+    s = Server(binary, model, "--device", "cpu", "--tp", "2", "--threads", "1")
+    try:
+        status, p = s.post("/v1/completions", {"model": "shakespeare", "prompt": "ROMEO:\n",
+                                                "temperature": 0, "max_tokens": 24})
+        check(status == 200 and p["choices"][0]["text"] == one_rank_text, "--tp 2 text", p)
+    finally:
+        s.stop()
+    proc = subprocess.run([binary, "-m", model, "--port", "0", "--device", "cpu", "--tp", "3"],
+                          capture_output=True, text=True, timeout=120)
+    check(proc.returncode != 0 and "does not divide the model's 4 attention heads" in proc.stderr,
+          "--tp 3 refused", proc.stderr)
+
+
 def main():
     binary, model = env_args()
     t0 = time.time()
@@ -347,6 +364,7 @@ def main():
         check(s.stop() == 0, "clean exit", "".join(s.log[-30:]))
     finally:
         s.stop()
+    test_tensor_parallel(binary, model, text)
     test_api_key(binary, model)
     test_queue_full(binary, model)
     test_error_after_headers(binary, model)
