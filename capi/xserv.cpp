@@ -141,6 +141,19 @@ std::string_view checked_utf8(const char* text, const char* name) {
   return view;
 }
 
+// Writes `ids` into a caller buffer under the (buffer, capacity, &count) rule; `what` names
+// their source in the too-small message ("the text has 12 tokens, the buffer holds 8").
+void write_ids(const std::vector<int32_t>& ids, const char* what, int32_t* out,
+               std::size_t capacity, std::size_t* count) {
+  *count = ids.size();
+  if (capacity < ids.size())
+    throw_status(XSERV_ERR_BUFFER_TOO_SMALL, std::string(what) + " has " +
+                                                 std::to_string(ids.size()) +
+                                                 " tokens, the buffer holds " +
+                                                 std::to_string(capacity));
+  if (!ids.empty()) std::memcpy(out, ids.data(), ids.size() * sizeof(int32_t));
+}
+
 // Writes `text` plus a NUL into a caller buffer under the (buffer, capacity, &length) rule.
 void write_text(std::string_view text, char* out, std::size_t capacity, std::size_t* length) {
   *length = text.size();
@@ -438,13 +451,8 @@ xserv_status xserv_tokenize(const xserv_model* model, const char* text, bool all
     require(n_tokens, "n_tokens");
     check_buffer(tokens, capacity, "tokens");
     const std::string_view view = checked_utf8(text, "text");
-    const std::vector<int32_t> ids = model->tokenizer->encode(view, allow_special);
-    *n_tokens = ids.size();
-    if (capacity < ids.size())
-      throw_status(XSERV_ERR_BUFFER_TOO_SMALL, "the text has " + std::to_string(ids.size()) +
-                                                   " tokens, the buffer holds " +
-                                                   std::to_string(capacity));
-    if (!ids.empty()) std::memcpy(tokens, ids.data(), ids.size() * sizeof(int32_t));
+    write_ids(model->tokenizer->encode(view, allow_special), "the text", tokens, capacity,
+              n_tokens);
   });
 }
 
@@ -498,15 +506,8 @@ xserv_status xserv_tokenize_chat(const xserv_model* model, const xserv_chat_mess
     check_buffer(tokens, capacity, "tokens");
     const auto conversation = checked_conversation(messages, n_messages, "messages");
     if (conversation.empty()) throw_invalid("n_messages is 0");
-    const std::vector<int32_t> ids =
-        model->tokenizer->encode_chat(conversation, add_generation_prompt, enable_thinking);
-    *n_tokens = ids.size();
-    if (capacity < ids.size())
-      throw_status(XSERV_ERR_BUFFER_TOO_SMALL, "the conversation has " +
-                                                   std::to_string(ids.size()) +
-                                                   " tokens, the buffer holds " +
-                                                   std::to_string(capacity));
-    if (!ids.empty()) std::memcpy(tokens, ids.data(), ids.size() * sizeof(int32_t));
+    write_ids(model->tokenizer->encode_chat(conversation, add_generation_prompt, enable_thinking),
+              "the conversation", tokens, capacity, n_tokens);
   });
 }
 
