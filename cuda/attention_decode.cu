@@ -232,18 +232,6 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
 // Same split-KV contract and partial format as the register kernel (attention_merge_kernel).
 constexpr int tile_keys = 32;
 
-__device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <int D, int G>
 __global__ void __launch_bounds__(threads) attention_tiles_kernel(const AttentionParams p) {
   using T = __nv_bfloat16;

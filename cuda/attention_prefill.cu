@@ -1,17 +1,22 @@
-// FlashAttention-style paged prefill on tensor cores (bf16 activations, head_dim 64 or 128).
+// Paged prefill attention on tensor cores (bf16 activations, head_dim 64 or 128).
 // Computes, for each sequence's new rows, out[t, h, :] = softmax(scale * q[t, h] . K[0..pos_t]) V
 // with K/V read straight from the paged cache [num_blocks, block_size, n_kv_heads, head_dim]
 // through the block table (grouped-query: q head h reads kv head h / (n_q / n_kv)); varlen by
 // query_start, causal by position (pos_t = context_len - query_len + local row), so a chunk of a
 // long prompt attends to the cached prefix as well as to itself.
-// Launch: grid (ceil(max_query_len / 64), n_q_heads, num_seqs), 128 threads = 4 warps; a block
-// owns 64 query rows of one head, each warp 16 of them. Per 64-key tile: the block stages K and V
-// in shared memory (16-byte loads, all of a thread's in flight together; keys past the context
-// zero-filled), each warp computes S = Q K^T with wmma (bf16 in, f32 out), an online softmax on
-// its rows (two lanes per row), rescales its f32 output rows in shared memory and accumulates
-// P (bf16) V into them with wmma. Tiles entirely above a warp's diagonal are skipped. About
-// 101 KB of shared memory per block (head_dim 128), so two blocks share an SM.
+//
+// Two kernels with that contract; launch_attention_prefill picks one per call:
+// - the mma kernel (default), FlashAttention-2 style: mma.sync m16n8k16 (bf16 in, f32
+//   accumulate) fed by ldmatrix from XOR-swizzled shared tiles; Q fragments, the scores, the
+//   online softmax and the O accumulator stay in registers; K/V tiles of 64 keys double-buffered
+//   with cp.async through the block table; causal tiles past a block's last row never loaded,
+//   past a warp's rows skipped. Described at the kernel.
+// - the wmma kernel (XSERV_CUDA_PREFILL_MMA=0, for A/B comparisons): S and the f32 O round-trip
+//   through shared memory (~101 KB a block at head_dim 128).
 #include <mma.h>
+
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -25,6 +30,14 @@ using bf16 = __nv_bfloat16;
 
 constexpr int block_q = 64, block_k = 64, threads = 128, warps = threads / 32;
 
+// ---- wmma kernel -----------------------------------------------------------------------------
+// Launch: grid (ceil(max_query_len / 64), n_q_heads, num_seqs), 128 threads = 4 warps; a block
+// owns 64 query rows of one head, each warp 16 of them. Per 64-key tile: the block stages K and V
+// in shared memory (16-byte loads, all of a thread's in flight together; keys past the context
+// zero-filled), each warp computes S = Q K^T with wmma (bf16 in, f32 out), an online softmax on
+// its rows (two lanes per row), rescales its f32 output rows in shared memory and accumulates
+// P (bf16) V into them with wmma. Tiles entirely above a warp's diagonal are skipped. About
+// 101 KB of shared memory per block (head_dim 128), so two blocks share an SM.
 template <int D>
 struct Layout {
   static constexpr int ldh = D + 8;        // bf16 tiles: row stride (elements), padded vs banks
@@ -42,7 +55,7 @@ struct Layout {
 };
 
 template <int D>
-__global__ void __launch_bounds__(threads) attention_prefill_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(threads) attention_prefill_wmma_kernel(const AttentionParams p) {
   using Lay = Layout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sq = reinterpret_cast<bf16*>(smem);
@@ -217,19 +230,318 @@ __global__ void __launch_bounds__(threads) attention_prefill_kernel(const Attent
 }
 
 template <int D>
-void launch_dim(cudaStream_t stream, const AttentionParams& p) {
+void launch_wmma(cudaStream_t stream, const AttentionParams& p) {
   static const bool configured = [] {
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D>,
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_wmma_kernel<D>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           Layout<D>::total));
     return true;
   }();
   (void)configured;
   const dim3 grid(ceil_div(p.max_query_len, block_q), p.n_q_heads, p.num_seqs);
-  attention_prefill_kernel<D><<<grid, threads, Layout<D>::total, stream>>>(p);
+  attention_prefill_wmma_kernel<D><<<grid, threads, Layout<D>::total, stream>>>(p);
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
+
+// ---- mma kernel ------------------------------------------------------------------------------
+// Launch: grid (n_q_heads, ceil(max_query_len / 64), num_seqs), 128 threads = 4 warps; a block
+// owns 64 query rows of one head, warp w rows 16w .. 16w + 15, and walks the key tiles of 64
+// from key 0 to the block's last row. Heads vary fastest, so the G q heads of a kv head (and the
+// other heads of the same rows) run side by side and read the same K/V tiles out of L2; row
+// tiles go last-first, so the longest causal rows start first and the short ones fill the tail.
+//
+// Fragments (PTX ISA, mma.m16n8k16 .bf16): lane l holds of a 16x16 A tile the elements
+// (l/4, 2(l%4)+{0,1}) in a0, row + 8 in a1, column + 8 in a2, both in a3; of a 16x8 B tile
+// (k 2(l%4)+{0,1}, n l/4) in b0 and k + 8 in b1; of the 16x8 f32 C tile (l/4, 2(l%4)+{0,1}) in
+// c0, c1 and row + 8 in c2, c3. So:
+// - Q (A, 16 rows x D) is loaded once with ldmatrix.x4 into D/16 fragments;
+// - S = Q K^T: K rows (keys) as stored are B's columns: plain ldmatrix.x4 gives the b0/b1 of two
+//   8-key tiles per 16-wide slice of D;
+// - P V: the S accumulators of two 8-key tiles, rounded to bf16 pairs, are exactly an A fragment
+//   (no shared memory), and ldmatrix.x4.trans of V rows gives the b0/b1 of two 8-column tiles.
+// Shared tiles are [rows][D] bf16 with 16-byte piece c of row r stored at piece c ^ (r % 8):
+// the 8 row addresses of every ldmatrix phase then fall in 8 different bank groups.
+//
+// Softmax in base 2 with the scale folded in: x = s * scale * log2(e), running max m and sum l
+// per row (each lane holds two rows, the 4 lanes of a quad share them: max by two shuffles; the
+// sum stays per lane until the end). Rows past the sequence compute on zero q and are not
+// stored; keys past the block's last row are zero-filled and masked like any key above a row's
+// diagonal (only tiles that reach past the warp's first row are masked at all).
+//
+// Shared memory: two stages of K and V tiles (64 KB at D = 128); Q is staged once in stage 1's
+// V tile before the first tile is used, so three blocks (12 warps) fit on an SM.
+constexpr int mma_rows = 64, mma_keys = 64, mma_threads = 128;
+
+template <int D>
+struct MmaLayout {
+  static constexpr int tile_elems = mma_keys * D;  // one K or V tile, bf16
+  static constexpr int stage_elems = 2 * tile_elems;
+  static constexpr int total = 2 * stage_elems * 2;  // bytes: two stages of K + V
+  static_assert(mma_rows * D <= tile_elems, "Q is staged in one V tile");
+};
+
+// Element offset of 16-byte piece `c` of row `r` in a swizzled [rows][D] bf16 tile.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a . b (16x16 by 16x8, bf16 in, f32 accumulate).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x with the hardware approximation (2 ulp; exp2(-inf) = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// Copies key tile `tile` (keys tile * 64 ..) of kv head kvh into a stage: thread t moves pieces
+// t % chunks of rows t / chunks, + 128 / chunks, ...; keys past last_key are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_kv_tile(const AttentionParams& p, const std::int32_t* table,
+                                             int kvh, int tile, int last_key, bf16* sk, bf16* sv) {
+  constexpr int chunks = D / 8, rows_per_pass = mma_threads / chunks;
+  const bf16* kc = static_cast<const bf16*>(p.k_cache);
+  const bf16* vc = static_cast<const bf16*>(p.v_cache);
+  const int c = threadIdx.x % chunks;
+#pragma unroll
+  for (int r = threadIdx.x / chunks; r < mma_keys; r += rows_per_pass) {
+    const int key = tile * mma_keys + r;
+    const bool ok = key <= last_key;
+    std::int64_t off = 0;
+    if (ok)
+      off = (static_cast<std::int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size) *
+                p.n_kv_heads * D + kvh * D + c * 8;
+    copy_async16_zfill(sk + swz<D>(r, c), kc + off, ok);
+    copy_async16_zfill(sv + swz<D>(r, c), vc + off, ok);
+  }
+}
+
+// MinBlocks: blocks per SM the registers are capped for (3: 168 registers a thread).
+template <int D, int MinBlocks>
+__global__ void __launch_bounds__(mma_threads, MinBlocks) attention_prefill_mma_kernel(const AttentionParams p) {
+  using Lay = MmaLayout<D>;
+  constexpr int chunks = D / 8, ksteps = D / 16, ntiles = mma_keys / 8, dtiles = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw);  // stage s: K at s * stage_elems, V after it
+
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int q0 = p.query_start[seq];
+  const int q_len = p.query_start[seq + 1] - q0;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * mma_rows;
+  if (row0 >= q_len) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ctx = p.context_lens[seq];
+  const int first_pos = ctx - q_len;  // position of the sequence's first new row
+  const int rows_here = min(mma_rows, q_len - row0);
+  const int kvh = h / (p.n_q_heads / p.n_kv_heads);
+  const int last_key = first_pos + row0 + rows_here - 1;
+  const int n_tiles = last_key / mma_keys + 1;
+  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+
+  // Q (rows past the sequence zero-filled) into stage 1's V tile, K/V tile 0 into stage 0.
+  bf16* sq = smem + Lay::stage_elems + Lay::tile_elems;
+  {
+    const bf16* qkv = static_cast<const bf16*>(p.qkv);
+    for (int i = tid; i < mma_rows * chunks; i += mma_threads) {
+      const int r = i / chunks, c = i % chunks;
+      const bool ok = r < rows_here;
+      const bf16* src = qkv + (ok ? static_cast<std::int64_t>(q0 + row0 + r) * p.qkv_stride + h * D + c * 8 : 0);
+      copy_async16_zfill(sq + swz<D>(r, c), src, ok);
+    }
+    copy_async_commit();
+  }
+  load_kv_tile<D>(p, table, kvh, 0, last_key, smem, smem + Lay::tile_elems);
+  copy_async_commit();
+  copy_async_wait<1>();  // Q has landed
+  __syncthreads();
+  unsigned qf[ksteps][4];
+  {
+    const int r = warp * 16 + (lane & 15);
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) ldsm_x4(smem_addr(sq + swz<D>(r, 2 * k + (lane >> 4))), qf[k]);
+  }
+  __syncthreads();  // every warp holds its Q: stage 1 is free for tile 1
+
+  const int warp_row0 = warp * 16;
+  const bool warp_active = warp_row0 < rows_here;
+  const int warp_first_pos = first_pos + row0 + warp_row0;  // of the warp's first row
+  const int warp_last_pos = first_pos + row0 + min(warp_row0 + 15, rows_here - 1);
+  const int pos_a = warp_first_pos + (lane >> 2), pos_b = pos_a + 8;  // this lane's two rows
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  float o[dtiles][4];
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_a = -CUDART_INF_F, m_b = -CUDART_INF_F, l_a = 0.0f, l_b = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      bf16* next = smem + ((t + 1) & 1) * Lay::stage_elems;
+      load_kv_tile<D>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_elems);
+    }
+    copy_async_commit();  // possibly empty: the group count stays one per tile
+    copy_async_wait<1>();  // tile t has landed
+    __syncthreads();
+    const int key0 = t * mma_keys;
+    if (warp_active && key0 <= warp_last_pos) {
+      const bf16* sk = smem + (t & 1) * Lay::stage_elems;
+      const bf16* sv = sk + Lay::tile_elems;
+      // S[16, 64] = Q K^T
+      float s[ntiles][4];
+#pragma unroll
+      for (int j = 0; j < ntiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < ksteps; ++k) {
+#pragma unroll
+        for (int jp = 0; jp < ntiles / 2; ++jp) {
+          unsigned b[4];
+          const int key = jp * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldsm_x4(smem_addr(sk + swz<D>(key, 2 * k + ((lane >> 3) & 1))), b);
+          mma_bf16(s[2 * jp], qf[k], b[0], b[1]);
+          mma_bf16(s[2 * jp + 1], qf[k], b[2], b[3]);
+        }
+      }
+      // Scale into base 2; mask keys above each row's diagonal (and the zero-filled tail).
+      const bool mask = key0 + mma_keys - 1 > warp_first_pos;
+      float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
+#pragma unroll
+      for (int j = 0; j < ntiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[j][e] * scale_log2;
+          if (mask) {
+            const int key = key0 + j * 8 + 2 * (lane & 3) + (e & 1);
+            if (key > (e < 2 ? pos_a : pos_b)) x = -CUDART_INF_F;
+          }
+          s[j][e] = x;
+        }
+        mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+        mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+      }
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+      const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
+      // A row with every key so far masked keeps m = -inf: subtract 0 instead (p = 0 anyway).
+      const float base_a = new_a == -CUDART_INF_F ? 0.0f : new_a;
+      const float base_b = new_b == -CUDART_INF_F ? 0.0f : new_b;
+      const float alpha_a = fast_exp2(m_a - base_a), alpha_b = fast_exp2(m_b - base_b);
+      m_a = new_a;
+      m_b = new_b;
+      float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+      for (int j = 0; j < ntiles; ++j) {
+        s[j][0] = fast_exp2(s[j][0] - base_a);
+        s[j][1] = fast_exp2(s[j][1] - base_a);
+        s[j][2] = fast_exp2(s[j][2] - base_b);
+        s[j][3] = fast_exp2(s[j][3] - base_b);
+        sum_a += s[j][0] + s[j][1];
+        sum_b += s[j][2] + s[j][3];
+      }
+      l_a = l_a * alpha_a + sum_a;
+      l_b = l_b * alpha_b + sum_b;
+#pragma unroll
+      for (int j = 0; j < dtiles; ++j) {
+        o[j][0] *= alpha_a;
+        o[j][1] *= alpha_a;
+        o[j][2] *= alpha_b;
+        o[j][3] *= alpha_b;
+      }
+      // O[16, D] += P[16, 64] V[64, D], 16 keys at a time.
+#pragma unroll
+      for (int kk = 0; kk < mma_keys / 16; ++kk) {
+        const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int dp = 0; dp < dtiles / 2; ++dp) {
+          unsigned b[4];
+          ldsm_x4_trans(smem_addr(sv + swz<D>(key, 2 * dp + (lane >> 4))), b);
+          mma_bf16(o[2 * dp], a, b[0], b[1]);
+          mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage t & 1 before tile t + 2 is copied into it
+  }
+  copy_async_wait<0>();
+
+  if (!warp_active) return;
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+  const int r_a = warp_row0 + (lane >> 2), r_b = r_a + 8;
+  bf16* out = static_cast<bf16*>(p.out) + static_cast<std::int64_t>(q0 + row0) * p.n_q_heads * D + h * D +
+              2 * (lane & 3);
+  const std::int64_t row_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j) {
+    if (r_a < rows_here)
+      *reinterpret_cast<__nv_bfloat162*>(out + r_a * row_stride + j * 8) =
+          __floats2bfloat162_rn(o[j][0] * inv_a, o[j][1] * inv_a);
+    if (r_b < rows_here)
+      *reinterpret_cast<__nv_bfloat162*>(out + r_b * row_stride + j * 8) =
+          __floats2bfloat162_rn(o[j][2] * inv_b, o[j][3] * inv_b);
+  }
+}
+
+template <int D, int MinBlocks>
+void launch_mma(cudaStream_t stream, const AttentionParams& p) {
+  static const bool configured = [] {
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<D, MinBlocks>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          MmaLayout<D>::total));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, mma_rows), p.num_seqs);
+  attention_prefill_mma_kernel<D, MinBlocks><<<grid, mma_threads, MmaLayout<D>::total, stream>>>(p);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+// XSERV_CUDA_PREFILL_MMA: 0 selects the wmma kernel, 2 the mma kernel with registers capped
+// for two blocks an SM instead of three (a tuning experiment); read at every launch (a
+// prefill's kernels run for milliseconds), so tests can compare the kernels in one process.
+int prefill_kernel_choice() {
+  const char* env = std::getenv("XSERV_CUDA_PREFILL_MMA");
+  if (env == nullptr) return 1;
+  const std::string_view v(env);
+  return v == "0" ? 0 : v == "2" ? 2 : 1;
+}
 }  // namespace
 
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
@@ -238,8 +550,19 @@ bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
 
 void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p) {
   if (p.num_tokens == 0 || p.max_query_len == 0) return;
-  if (p.head_dim == 64) launch_dim<64>(stream, p);
-  else launch_dim<128>(stream, p);
+  switch (prefill_kernel_choice()) {
+    case 0:
+      if (p.head_dim == 64) launch_wmma<64>(stream, p);
+      else launch_wmma<128>(stream, p);
+      break;
+    case 2:
+      if (p.head_dim == 64) launch_mma<64, 2>(stream, p);
+      else launch_mma<128, 2>(stream, p);
+      break;
+    default:
+      if (p.head_dim == 64) launch_mma<64, 3>(stream, p);
+      else launch_mma<128, 3>(stream, p);
+  }
 }
 
 }  // namespace xserv::cuda

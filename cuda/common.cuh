@@ -101,6 +101,28 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   return warp_max(x);
 }
 
+// ---- Asynchronous copies global -> shared (cp.async, sm_80+) ---------------------------------
+// 16 bytes from gmem to smem without passing through registers; commit groups them, wait<N>
+// returns once at most N of the committed groups are still in flight. The zero-filling form
+// copies nothing and writes 16 zero bytes when `valid` is false (gmem must still be a valid
+// address then: the source size is 0).
+__device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async16_zfill(void* smem, const void* gmem, bool valid) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---- Programmatic dependent launch (Hopper) ---------------------------------------------------

@@ -22,6 +22,11 @@
 #                                       decode through the C API (Qwen3-8B, 0.6B; c_api_bench)
 #   scripts/cuda_device_run.sh attn    [cuda] tests, then long-context, serving and batch-1 speed
 #                                       with the tiled decode attention off (before) and on (after)
+#   scripts/cuda_device_run.sh prefill the prefill-attention tests (both kernels) under compute-
+#                                       sanitizer memcheck, then Qwen3-8B prefill of 16384 tokens with
+#                                       the wmma kernel (before) and the mma kernel (after), and the
+#                                       kernel time of one prefill's attention (ncu); FULL_TESTS=1 runs
+#                                       every [cuda] test first
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -120,6 +125,28 @@ if [ "$stage" = attn ]; then
       ab "generate_bench Qwen3-1.7B, decode after a 4096-token prompt" "$bin/generate_bench" $(dummy qwen3-1.7b) --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
     fi
   } 2>&1 | tee "$OUT/ab.txt"
+elif [ "$stage" = prefill ]; then
+  if [ -n "${FULL_TESTS:-}" ]; then run_cuda_tests 200; fi
+  echo "== prefill attention tests under compute-sanitizer memcheck"
+  timeout 200 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 "$bin/xserv_tests" \
+    "cuda prefill attention kernels*,cuda qk_transform_store*" >"$OUT/sanitizer.txt" 2>&1
+  echo "sanitizer+tests rc=$?"; grep -E "ERROR SUMMARY|passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/sanitizer.txt" | tail -20
+  mkdir -p /tmp/ncu
+  gb16k() { timeout 100 "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json --device cuda \
+    --prompt-len 16384 --batch 1 --repeat 1 "$@" 2>&1; }
+  {
+    echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192), XSERV_CUDA_PREFILL_MMA=0 (wmma, before) / 1 (mma) / 2 (mma, 2 blocks an SM)"
+    for v in ${PREFILL_VARIANTS:-0 1 2}; do echo "-- $v"; XSERV_CUDA_PREFILL_MMA=$v gb16k --gen-len 16 | grep -E "^\| [0-9]|rror"; done
+    for v in ${PREFILL_NCU:-0 1}; do
+      echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), XSERV_CUDA_PREFILL_MMA=$v"
+      XSERV_CUDA_PREFILL_MMA=$v timeout 150 ncu --clock-control none -k regex:attention_prefill --launch-count 72 \
+        --metrics gpu__time_duration.sum --csv "$bin/generate_bench" --dummy-weights \
+        --config bench/configs/qwen3-8b.json --device cuda --prompt-len 16384 --gen-len 2 --batch 1 \
+        --repeat 1 >"/tmp/ncu/prefill_$v.csv" 2>&1
+      python3 scripts/ncu_table.py "/tmp/ncu/prefill_$v.csv" || tail -5 "/tmp/ncu/prefill_$v.csv"
+    done
+  } 2>&1 | tee "$OUT/prefill.txt"
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = profile ]; then
   run_cuda_tests 100
   mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)

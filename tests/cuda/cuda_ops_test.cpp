@@ -3,6 +3,7 @@
 // run in a different order), bf16 ~1e-2 (one bf16 rounding of the result, 2^-8 relative,
 // plus the rounding of intermediates the GPU keeps in bf16).
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -357,6 +358,50 @@ TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill
                             << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
                             << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
         run_attention_case(be, rng, dt, ac, bs);
+      }
+    }
+  }
+}
+
+namespace {
+// Sets XSERV_CUDA_PREFILL_MMA for one scope (the prefill kernel reads it at every launch).
+class PrefillKernelEnv {
+ public:
+  explicit PrefillKernelEnv(const char* value) {
+    if (value != nullptr) ::setenv("XSERV_CUDA_PREFILL_MMA", value, 1);
+    else ::unsetenv("XSERV_CUDA_PREFILL_MMA");
+  }
+  ~PrefillKernelEnv() { ::unsetenv("XSERV_CUDA_PREFILL_MMA"); }
+  PrefillKernelEnv(const PrefillKernelEnv&) = delete;
+  PrefillKernelEnv& operator=(const PrefillKernelEnv&) = delete;
+};
+}  // namespace
+
+// Both bf16 prefill kernels (mma, the default, and wmma) against the CPU backend, with the
+// attention tolerance of run_attention_case (bf16: 2e-2 absolute + 1.5e-2 relative; the GPU
+// rounds P to bf16 before P.V). Shapes around the 64-row / 64-key tiles, chunks that attend to
+// a cached prefix of several tiles, decode rows inside a prefill batch, GQA groups 1 to 8.
+TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, head_dim 64 and 128", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(12);
+  // (new rows, context) per sequence.
+  const std::vector<std::pair<std::int32_t, std::int32_t>> lengths = {
+      {2, 2}, {17, 17}, {63, 63}, {64, 64}, {65, 65}, {128, 128}, {191, 191}, {333, 333}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> chunks = {
+      {100, 612}, {64, 1000}, {257, 300}, {1, 77}, {5, 700}, {130, 194}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> one_long = {{200, 2100}};
+  const HeadGeometry geoms[] = {{8, 8, 64}, {8, 4, 128}, {32, 8, 128}, {16, 2, 64}, {8, 1, 128}};
+  for (const char* kernel : {"1", "0"}) {
+    PrefillKernelEnv env(kernel);
+    for (const auto& g : geoms) {
+      for (const auto* seqs : {&lengths, &chunks, &one_long}) {
+        for (std::int32_t bs : {16, 32}) {
+          INFO("XSERV_CUDA_PREFILL_MMA=" << kernel << " heads " << g.n_q_heads << "/" << g.n_kv_heads
+                                         << " d " << g.head_dim << " seqs " << seqs->size()
+                                         << " block " << bs);
+          run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs);
+        }
       }
     }
   }
