@@ -271,14 +271,13 @@ void launch_wmma(cudaStream_t stream, const AttentionParams& p) {
 //
 // Shared memory: two stages of K and V tiles (64 KB at D = 128); Q is staged once in stage 1's
 // V tile before the first tile is used, so three blocks (12 warps) fit on an SM.
-constexpr int mma_rows = 64, mma_keys = 64, mma_threads = 128;
+constexpr int mma_keys = 64;
 
 template <int D>
 struct MmaLayout {
   static constexpr int tile_elems = mma_keys * D;  // one K or V tile, bf16
   static constexpr int stage_elems = 2 * tile_elems;
   static constexpr int total = 2 * stage_elems * 2;  // bytes: two stages of K + V
-  static_assert(mma_rows * D <= tile_elems, "Q is staged in one V tile");
 };
 
 // Element offset of 16-byte piece `c` of row `r` in a swizzled [rows][D] bf16 tile.
@@ -330,10 +329,10 @@ __device__ __forceinline__ float bf16_hi(unsigned v) { return __uint_as_float(v 
 
 // Copies key tile `tile` (keys tile * 64 ..) of kv head kvh into a stage: thread t moves pieces
 // t % chunks of rows t / chunks, + 128 / chunks, ...; keys past last_key are zero-filled.
-template <int D>
+template <int D, int Threads>
 __device__ __forceinline__ void load_kv_tile(const AttentionParams& p, const std::int32_t* table,
                                              int kvh, int tile, int last_key, bf16* sk, bf16* sv) {
-  constexpr int chunks = D / 8, rows_per_pass = mma_threads / chunks;
+  constexpr int chunks = D / 8, rows_per_pass = Threads / chunks;
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
   const int c = threadIdx.x % chunks;
@@ -358,9 +357,11 @@ __device__ __forceinline__ void load_kv_tile(const AttentionParams& p, const std
 
 // Registers capped for three blocks an SM (168 a thread, no spills): 2.5% faster on the 16k
 // prefill than two blocks with 203 registers (H200, 2026-12-01).
-template <int D>
-__global__ void __launch_bounds__(mma_threads, 3) attention_prefill_mma_kernel(const AttentionParams p) {
+template <int D, int Warps, int MinBlocks>
+__global__ void __launch_bounds__(Warps * 32, MinBlocks) attention_prefill_mma_kernel(const AttentionParams p) {
   using Lay = MmaLayout<D>;
+  constexpr int mma_rows = Warps * 16, mma_threads = Warps * 32;
+  static_assert(mma_rows * D <= Lay::stage_elems, "Q is staged in stage 1");
   constexpr int chunks = D / 8, ksteps = D / 16, ntiles = mma_keys / 8, dtiles = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);  // stage s: K at s * stage_elems, V after it
@@ -379,8 +380,8 @@ __global__ void __launch_bounds__(mma_threads, 3) attention_prefill_mma_kernel(c
   const int n_tiles = last_key / mma_keys + 1;
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
 
-  // Q (rows past the sequence zero-filled) into stage 1's V tile, K/V tile 0 into stage 0.
-  bf16* sq = smem + Lay::stage_elems + Lay::tile_elems;
+  // Q (rows past the sequence zero-filled) into stage 1, K/V tile 0 into stage 0.
+  bf16* sq = smem + Lay::stage_elems;
   {
     const bf16* qkv = static_cast<const bf16*>(p.qkv);
     for (int i = tid; i < mma_rows * chunks; i += mma_threads) {
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(mma_threads, 3) attention_prefill_mma_kernel(c
     }
     copy_async_commit();
   }
-  load_kv_tile<D>(p, table, kvh, 0, last_key, smem, smem + Lay::tile_elems);
+  load_kv_tile<D, mma_threads>(p, table, kvh, 0, last_key, smem, smem + Lay::tile_elems);
   copy_async_commit();
   copy_async_wait<1>();  // Q has landed
   __syncthreads();
@@ -417,7 +418,7 @@ __global__ void __launch_bounds__(mma_threads, 3) attention_prefill_mma_kernel(c
   for (int t = 0; t < n_tiles; ++t) {
     if (t + 1 < n_tiles) {
       bf16* next = smem + ((t + 1) & 1) * Lay::stage_elems;
-      load_kv_tile<D>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_elems);
+      load_kv_tile<D, mma_threads>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_elems);
     }
     copy_async_commit();  // possibly empty: the group count stays one per tile
     copy_async_wait<1>();  // tile t has landed
@@ -531,18 +532,29 @@ __global__ void __launch_bounds__(mma_threads, 3) attention_prefill_mma_kernel(c
   }
 }
 
-template <int D>
+template <int D, int Warps, int MinBlocks>
 void launch_mma(cudaStream_t stream, const AttentionParams& p) {
   static const bool configured = [] {
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<D>,
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<D, Warps, MinBlocks>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           MmaLayout<D>::total));
     return true;
   }();
   (void)configured;
-  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, mma_rows), p.num_seqs);
-  attention_prefill_mma_kernel<D><<<grid, mma_threads, MmaLayout<D>::total, stream>>>(p);
+  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, Warps * 16), p.num_seqs);
+  attention_prefill_mma_kernel<D, Warps, MinBlocks><<<grid, Warps * 32, MmaLayout<D>::total, stream>>>(p);
   XSERV_CUDA_LAUNCH_CHECK();
+}
+
+// XSERV_CUDA_PREFILL_WARPS (tuning): 4 (default) / 6 / 8 warps a block, i.e. 64 / 96 / 128
+// query rows sharing each K/V tile, at 3 / 2 / 1 blocks an SM.
+template <int D>
+void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
+  const char* env = std::getenv("XSERV_CUDA_PREFILL_WARPS");
+  const std::string_view w = env == nullptr ? "" : env;
+  if (w == "6") launch_mma<D, 6, 2>(stream, p);
+  else if (w == "8") launch_mma<D, 8, 1>(stream, p);
+  else launch_mma<D, 4, 3>(stream, p);
 }
 
 // XSERV_CUDA_PREFILL_MMA=0 selects the wmma kernel; read at every launch (a prefill's kernels
@@ -560,8 +572,8 @@ bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
 void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p) {
   if (p.num_tokens == 0 || p.max_query_len == 0) return;
   if (prefill_mma_enabled()) {
-    if (p.head_dim == 64) launch_mma<64>(stream, p);
-    else launch_mma<128>(stream, p);
+    if (p.head_dim == 64) launch_mma_warps<64>(stream, p);
+    else launch_mma_warps<128>(stream, p);
   } else {
     if (p.head_dim == 64) launch_wmma<64>(stream, p);
     else launch_wmma<128>(stream, p);

@@ -135,19 +135,35 @@ elif [ "$stage" = prefill ]; then
   gb16k() { timeout 100 "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json --device cuda \
     --prompt-len 16384 --batch 1 --repeat 1 "$@" 2>&1; }
   {
-    echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192), XSERV_CUDA_PREFILL_MMA=0 (wmma, before) / 1 (mma, after)"
-    for v in 0 1; do echo "-- $v"; XSERV_CUDA_PREFILL_MMA=$v gb16k --gen-len 16 | grep -E "^\| [0-9]|rror"; done
+    echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192): wmma (XSERV_CUDA_PREFILL_MMA=0, before), mma at 4 (default) / 6 / 8 warps (XSERV_CUDA_PREFILL_WARPS)"
+    for v in "MMA=0" "WARPS=4" "WARPS=6" "WARPS=8"; do
+      echo "-- $v"; env XSERV_CUDA_PREFILL_$v gb16k --gen-len 16 | grep -E "^\| [0-9]|rror"
+    done
     # Model::warm_up runs 17 forwards of 2 .. 8192 tokens (612 prefill-attention launches), then
     # the warm-up run's 16k prompt: its 72 launches (36 layers x 2 chunks of 8192) are profiled.
-    for v in 0 1; do
-      echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), XSERV_CUDA_PREFILL_MMA=$v"
-      XSERV_CUDA_PREFILL_MMA=$v timeout 150 ncu --clock-control none -k regex:attention_prefill \
-        --launch-skip 612 --launch-count 72 \
+    echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), default kernel"
+    timeout 150 ncu --clock-control none -k regex:attention_prefill --launch-skip 612 --launch-count 72 \
+      --metrics gpu__time_duration.sum,lts__t_sectors_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+      --csv "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json --device cuda \
+      --prompt-len 16384 --gen-len 2 --batch 1 --repeat 1 >/tmp/ncu/prefill.csv 2>&1
+    if ! grep -q gpu__time_duration /tmp/ncu/prefill.csv; then  # a metric this ncu lacks: time only
+      tail -3 /tmp/ncu/prefill.csv
+      timeout 150 ncu --clock-control none -k regex:attention_prefill --launch-skip 612 --launch-count 72 \
         --metrics gpu__time_duration.sum --csv "$bin/generate_bench" --dummy-weights \
         --config bench/configs/qwen3-8b.json --device cuda --prompt-len 16384 --gen-len 2 --batch 1 \
-        --repeat 1 >"/tmp/ncu/prefill_$v.csv" 2>&1
-      python3 scripts/ncu_table.py "/tmp/ncu/prefill_$v.csv" || tail -5 "/tmp/ncu/prefill_$v.csv"
-    done
+        --repeat 1 >/tmp/ncu/prefill.csv 2>&1
+    fi
+    python3 scripts/ncu_table.py /tmp/ncu/prefill.csv || tail -5 /tmp/ncu/prefill.csv
+    python3 - /tmp/ncu/prefill.csv <<'PY' || true
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
+ix = {h: i for i, h in enumerate(rows[0])}
+m = collections.defaultdict(list)
+for r in rows[1:]:
+  m[(r[ix["Grid Size"]], r[ix["Metric Name"]])].append(float(r[ix["Metric Value"]].replace(",", "") or 0))
+for (g, name), v in sorted(m.items()):
+  print(f"grid {g} {name}: n {len(v)} sum {sum(v):.4g} mean {sum(v) / len(v):.4g}")
+PY
   } 2>&1 | tee "$OUT/prefill.txt"
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = profile ]; then

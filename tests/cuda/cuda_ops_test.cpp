@@ -364,20 +364,24 @@ TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill
 }
 
 namespace {
-// Sets XSERV_CUDA_PREFILL_MMA for one scope (the prefill kernel reads it at every launch).
+// Sets XSERV_CUDA_PREFILL_MMA and XSERV_CUDA_PREFILL_WARPS for one scope (the prefill
+// attention reads them at every launch).
 class PrefillKernelEnv {
  public:
-  explicit PrefillKernelEnv(const char* value) {
-    if (value != nullptr) ::setenv("XSERV_CUDA_PREFILL_MMA", value, 1);
-    else ::unsetenv("XSERV_CUDA_PREFILL_MMA");
+  PrefillKernelEnv(const char* mma, const char* warps) {
+    ::setenv("XSERV_CUDA_PREFILL_MMA", mma, 1);
+    ::setenv("XSERV_CUDA_PREFILL_WARPS", warps, 1);
   }
-  ~PrefillKernelEnv() { ::unsetenv("XSERV_CUDA_PREFILL_MMA"); }
+  ~PrefillKernelEnv() {
+    ::unsetenv("XSERV_CUDA_PREFILL_MMA");
+    ::unsetenv("XSERV_CUDA_PREFILL_WARPS");
+  }
   PrefillKernelEnv(const PrefillKernelEnv&) = delete;
   PrefillKernelEnv& operator=(const PrefillKernelEnv&) = delete;
 };
 }  // namespace
 
-// Both bf16 prefill kernels (mma, the default, and wmma) against the CPU backend, with the
+// The bf16 prefill kernels (mma at 4, 6 and 8 warps a block, and wmma) against the CPU backend, with the
 // attention tolerance of run_attention_case (bf16: 2e-2 absolute + 1.5e-2 relative; the GPU
 // rounds P to bf16 before P.V). Shapes around the 64-row / 64-key tiles, chunks that attend to
 // a cached prefix of several tiles, decode rows inside a prefill batch, GQA groups 1 to 8.
@@ -392,12 +396,13 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
       {100, 612}, {64, 1000}, {257, 300}, {1, 77}, {5, 700}, {130, 194}};
   const std::vector<std::pair<std::int32_t, std::int32_t>> one_long = {{200, 2100}};
   const HeadGeometry geoms[] = {{8, 8, 64}, {8, 4, 128}, {32, 8, 128}, {16, 2, 64}, {8, 1, 128}};
-  for (const char* kernel : {"1", "0"}) {
-    PrefillKernelEnv env(kernel);
+  const std::pair<const char*, const char*> kernels[] = {{"1", "4"}, {"1", "6"}, {"1", "8"}, {"0", "4"}};
+  for (const auto& [mma, warps] : kernels) {
+    PrefillKernelEnv env(mma, warps);
     for (const auto& g : geoms) {
       for (const auto* seqs : {&lengths, &chunks, &one_long}) {
         for (std::int32_t bs : {16, 32}) {
-          INFO("XSERV_CUDA_PREFILL_MMA=" << kernel << " heads " << g.n_q_heads << "/" << g.n_kv_heads
+          INFO("XSERV_CUDA_PREFILL_MMA=" << mma << " WARPS=" << warps << " heads " << g.n_q_heads << "/" << g.n_kv_heads
                                          << " d " << g.head_dim << " seqs " << seqs->size()
                                          << " block " << bs);
           run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs);
