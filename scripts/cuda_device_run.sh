@@ -25,8 +25,8 @@
 #   scripts/cuda_device_run.sh prefill the prefill-attention tests (both kernels) under compute-
 #                                       sanitizer memcheck, then Qwen3-8B prefill of 16384 tokens with
 #                                       the wmma kernel (before) and the mma kernel (after), and the
-#                                       kernel time of one prefill's attention (ncu); FULL_TESTS=1 runs
-#                                       every [cuda] test first
+#                                       kernel time of one prefill's attention (ncu; PREFILL_NCU=0
+#                                       leaves it out); FULL_TESTS=1 runs every [cuda] test first
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -137,10 +137,11 @@ elif [ "$stage" = prefill ]; then
   {
     echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192): wmma (XSERV_CUDA_PREFILL_MMA=0, before), mma at 4 (default) / 6 / 8 warps (XSERV_CUDA_PREFILL_WARPS)"
     for v in "MMA=0" "WARPS=4" "WARPS=6" "WARPS=8"; do
-      echo "-- $v"; env XSERV_CUDA_PREFILL_$v gb16k --gen-len 16 | grep -E "^\| [0-9]|rror"
+      echo "-- $v"; (export "XSERV_CUDA_PREFILL_$v"; gb16k --gen-len 16 | grep -E "^\| [0-9]|rror")
     done
     # Model::warm_up runs 17 forwards of 2 .. 8192 tokens (612 prefill-attention launches), then
     # the warm-up run's 16k prompt: its 72 launches (36 layers x 2 chunks of 8192) are profiled.
+    if [ "${PREFILL_NCU:-1}" = 1 ]; then
     echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), default kernel"
     timeout 150 ncu --clock-control none -k regex:attention_prefill --launch-skip 612 --launch-count 72 \
       --metrics gpu__time_duration.sum,lts__t_sectors_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
@@ -164,6 +165,7 @@ for r in rows[1:]:
 for (g, name), v in sorted(m.items()):
   print(f"grid {g} {name}: n {len(v)} sum {sum(v):.4g} mean {sum(v) / len(v):.4g}")
 PY
+    fi
   } 2>&1 | tee "$OUT/prefill.txt"
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = profile ]; then
