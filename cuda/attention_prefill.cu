@@ -243,13 +243,13 @@ void launch_wmma(cudaStream_t stream, const AttentionParams& p) {
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
-
 // ---- mma kernel ------------------------------------------------------------------------------
-// Launch: grid (n_q_heads, ceil(max_query_len / 64), num_seqs), 128 threads = 4 warps; a block
-// owns 64 query rows of one head, warp w rows 16w .. 16w + 15, and walks the key tiles of 64
-// from key 0 to the block's last row. Heads vary fastest, so the G q heads of a kv head (and the
-// other heads of the same rows) run side by side and read the same K/V tiles out of L2; row
-// tiles go last-first, so the longest causal rows start first and the short ones fill the tail.
+// Launch: grid (n_q_heads, ceil(max_query_len / rows), num_seqs), Warps warps (6 by default); a
+// block owns rows = 16 x Warps query rows of one head, warp w rows 16w .. 16w + 15, and walks the
+// key tiles of 64 from key 0 to the block's last row. Heads vary fastest, so the G q heads of a
+// kv head (and the other heads of the same rows) run side by side and read the same K/V tiles
+// out of L2; row tiles go last-first, so the longest causal rows start first and the short ones
+// fill the tail.
 //
 // Fragments (PTX ISA, mma.m16n8k16 .bf16): lane l holds of a 16x16 A tile the elements
 // (l/4, 2(l%4)+{0,1}) in a0, row + 8 in a1, column + 8 in a2, both in a3; of a 16x8 B tile
@@ -265,12 +265,17 @@ void launch_wmma(cudaStream_t stream, const AttentionParams& p) {
 //
 // Softmax in base 2 with the scale folded in: p = 2^(s * scale * log2(e) - m), running max m
 // (in those units) and sum l per row (each lane holds two rows, the 4 lanes of a quad share
-// them: max by two shuffles; the sum stays per lane until the end). Rows past the sequence compute on zero q and are not
-// stored; keys past the block's last row are zero-filled and masked like any key above a row's
-// diagonal (only tiles that reach past the warp's first row are masked at all).
+// them: max by two shuffles; the sum stays per lane until the end). Rows past the sequence
+// compute on zero q and are not stored; keys past the block's last row are zero-filled and masked
+// like any key above a row's diagonal (only tiles that reach past the warp's first row are
+// masked at all).
 //
-// Shared memory: two stages of K and V tiles (64 KB at D = 128); Q is staged once in stage 1's
-// V tile before the first tile is used, so three blocks (12 warps) fit on an SM.
+// Shared memory: two stages of K and V tiles (64 KB at D = 128); Q is staged once in stage 1
+// before the first tile is used. Registers bound the blocks an SM holds (168 a thread at 4 or 6
+// warps). Measured on the Qwen3-8B 16k prefill (H200, 2026-12-01, one run each, docs/
+// benchmarks.md): 6 warps x 2 blocks an SM 24.5k tok/s, 8 x 1 24.1k, 4 x 3 23.6k: more rows
+// share each K/V tile copy at the same 12 warps an SM. The attention then ran at ~250 TFLOP/s
+// with the tensor pipe ~40% busy, L2 ~40% (ncu, 4 warps): latency-bound, not bandwidth-bound.
 constexpr int mma_keys = 64;
 
 template <int D>
@@ -355,10 +360,11 @@ __device__ __forceinline__ void load_kv_tile(const AttentionParams& p, const std
   }
 }
 
-// Registers capped for three blocks an SM (168 a thread, no spills): 2.5% faster on the 16k
-// prefill than two blocks with 203 registers (H200, 2026-12-01).
+// MinBlocks caps the registers (168 a thread at 4 warps x 3 and 6 x 2, no spills); 4 warps x 2
+// blocks with 203 registers ran the 16k prefill 5% slower than 4 x 3 (H200, 2026-12-01).
 template <int D, int Warps, int MinBlocks>
-__global__ void __launch_bounds__(Warps * 32, MinBlocks) attention_prefill_mma_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(Warps * 32, MinBlocks)
+    attention_prefill_mma_kernel(const AttentionParams p) {
   using Lay = MmaLayout<D>;
   constexpr int mma_rows = Warps * 16, mma_threads = Warps * 32;
   static_assert(mma_rows * D <= Lay::stage_elems, "Q is staged in stage 1");
@@ -378,7 +384,8 @@ __global__ void __launch_bounds__(Warps * 32, MinBlocks) attention_prefill_mma_k
   const int kvh = h / (p.n_q_heads / p.n_kv_heads);
   const int last_key = first_pos + row0 + rows_here - 1;
   const int n_tiles = last_key / mma_keys + 1;
-  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const std::int32_t* table =
+      p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
 
   // Q (rows past the sequence zero-filled) into stage 1, K/V tile 0 into stage 0.
   bf16* sq = smem + Lay::stage_elems;
@@ -387,7 +394,9 @@ __global__ void __launch_bounds__(Warps * 32, MinBlocks) attention_prefill_mma_k
     for (int i = tid; i < mma_rows * chunks; i += mma_threads) {
       const int r = i / chunks, c = i % chunks;
       const bool ok = r < rows_here;
-      const bf16* src = qkv + (ok ? static_cast<std::int64_t>(q0 + row0 + r) * p.qkv_stride + h * D + c * 8 : 0);
+      const std::int64_t at =
+          static_cast<std::int64_t>(q0 + row0 + r) * p.qkv_stride + h * D + c * 8;
+      const bf16* src = qkv + (ok ? at : 0);
       copy_async16_zfill(sq + swz<D>(r, c), src, ok);
     }
     copy_async_commit();
@@ -518,8 +527,8 @@ __global__ void __launch_bounds__(Warps * 32, MinBlocks) attention_prefill_mma_k
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
   const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
   const int r_a = warp_row0 + (lane >> 2), r_b = r_a + 8;
-  bf16* out = static_cast<bf16*>(p.out) + static_cast<std::int64_t>(q0 + row0) * p.n_q_heads * D + h * D +
-              2 * (lane & 3);
+  bf16* out = static_cast<bf16*>(p.out) + static_cast<std::int64_t>(q0 + row0) * p.n_q_heads * D +
+              h * D + 2 * (lane & 3);
   const std::int64_t row_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
 #pragma unroll
   for (int j = 0; j < dtiles; ++j) {
@@ -542,19 +551,20 @@ void launch_mma(cudaStream_t stream, const AttentionParams& p) {
   }();
   (void)configured;
   const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, Warps * 16), p.num_seqs);
-  attention_prefill_mma_kernel<D, Warps, MinBlocks><<<grid, Warps * 32, MmaLayout<D>::total, stream>>>(p);
+  attention_prefill_mma_kernel<D, Warps, MinBlocks>
+      <<<grid, Warps * 32, MmaLayout<D>::total, stream>>>(p);
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
-// XSERV_CUDA_PREFILL_WARPS (tuning): 4 (default) / 6 / 8 warps a block, i.e. 64 / 96 / 128
+// XSERV_CUDA_PREFILL_WARPS (tuning): 4 / 6 (default) / 8 warps a block, i.e. 64 / 96 / 128
 // query rows sharing each K/V tile, at 3 / 2 / 1 blocks an SM.
 template <int D>
 void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
   const char* env = std::getenv("XSERV_CUDA_PREFILL_WARPS");
   const std::string_view w = env == nullptr ? "" : env;
-  if (w == "6") launch_mma<D, 6, 2>(stream, p);
+  if (w == "4") launch_mma<D, 4, 3>(stream, p);
   else if (w == "8") launch_mma<D, 8, 1>(stream, p);
-  else launch_mma<D, 4, 3>(stream, p);
+  else launch_mma<D, 6, 2>(stream, p);
 }
 
 // XSERV_CUDA_PREFILL_MMA=0 selects the wmma kernel; read at every launch (a prefill's kernels
@@ -563,6 +573,7 @@ bool prefill_mma_enabled() {
   const char* env = std::getenv("XSERV_CUDA_PREFILL_MMA");
   return env == nullptr || std::string_view(env) != "0";
 }
+
 }  // namespace
 
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {

@@ -276,8 +276,8 @@ struct AttnCase {
 // The comparison with the all-f32 CPU path also carries the bf16 rounding of q and k before the
 // scores: 2.2e-2 on 1 of 3.5M outputs in one case (identical from two versions of the mma
 // kernel that rounded P differently: it comes from q and k).
-void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase& ac, std::int32_t bs,
-                        bool exact_inputs = false) {
+void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase& ac,
+                        std::int32_t bs, bool exact_inputs = false) {
   const HeadGeometry& g = ac.geom;
   const std::int64_t d = g.head_dim, width = g.qkv_width();
   Paged p = make_batch(rng, bs, ac.seqs);
@@ -342,8 +342,8 @@ void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase&
     auto eqkv = got_qkv, ek = be.read(gcache.k), ev = be.read(gcache.v);
     KvLayer ecache{host_view(ek, cshape), host_view(ev, cshape)};
     std::vector<float> eout(cout.size());
-    be.cpu.attention(host_view(eout, {t, g.n_q_heads * d}), host_view(eqkv, {t, width}), g, cb, ecache,
-                     scale);
+    be.cpu.attention(host_view(eout, {t, g.n_q_heads * d}), host_view(eqkv, {t, width}), g, cb,
+                     ecache, scale);
     INFO("attention output vs the CPU on the GPU's q and cache");
     require_close(got_out, eout, dt == DType::f32 ? 1e-5 : 1e-2, dt == DType::f32 ? 1e-4 : 1e-2);
   } else {
