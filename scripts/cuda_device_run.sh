@@ -135,14 +135,14 @@ elif [ "$stage" = prefill ]; then
   gb16k() { timeout 100 "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json --device cuda \
     --prompt-len 16384 --batch 1 --repeat 1 "$@" 2>&1; }
   {
-    echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192): wmma (XSERV_CUDA_PREFILL_MMA=0, before), mma at 4 (default) / 6 / 8 warps (XSERV_CUDA_PREFILL_WARPS)"
-    for v in "MMA=0" "WARPS=4" "WARPS=6" "WARPS=8"; do
+    echo "== generate_bench Qwen3-8B, 16384-token prompt (chunks of 8192): wmma (XSERV_CUDA_PREFILL_MMA=0, before), mma at 6 (default) / 4 / 8 warps (XSERV_CUDA_PREFILL_WARPS)"
+    for v in "MMA=0" "WARPS=6" "WARPS=4" "WARPS=8"; do
       echo "-- $v"; (export "XSERV_CUDA_PREFILL_$v"; gb16k --gen-len 16 | grep -E "^\| [0-9]|rror")
     done
     # Model::warm_up runs 17 forwards of 2 .. 8192 tokens (612 prefill-attention launches), then
     # the warm-up run's 16k prompt: its 72 launches (36 layers x 2 chunks of 8192) are profiled.
     if [ "${PREFILL_NCU:-1}" = 1 ]; then
-    echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), default kernel"
+    echo "== ncu: attention of one 16k prefill (36 layers x 2 chunks), default kernel (6 warps)"
     timeout 150 ncu --clock-control none -k regex:attention_prefill --launch-skip 612 --launch-count 72 \
       --metrics gpu__time_duration.sum,lts__t_sectors_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
       --csv "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json --device cuda \
