@@ -191,15 +191,39 @@ __global__ void __launch_bounds__(threads)
 
   for (int d = threadIdx.x; d < 256; d += threads) mass[d] = 0.0, count[d] = 0, max_key[d] = 0;
   __syncthreads();
-  for (int i = chunk_begin(vocab, blk, nblk) + threadIdx.x; i < chunk_begin(vocab, blk + 1, nblk); i += threads) {
-    const u64 key = order_key(x[i], i);
-    if (key < floor || (key & mask) != prefix) continue;
-    const float w = by_count ? 1.0f : expf(x[i] - mx);
-    if (w < min_weight) continue;
-    const int d = static_cast<int>((key >> shift) & 255);
-    atomicAdd(&mass[d], static_cast<double>(w));
-    atomicAdd(&count[d], 1u);
-    atomicMax(&max_key[d], key);
+  const int begin = chunk_begin(vocab, blk, nblk), end = chunk_begin(vocab, blk + 1, nblk);
+  for (int base = begin; base < end; base += threads) {  // warp-uniform trip count
+    const int i = base + static_cast<int>(threadIdx.x);
+    int d = -1;  // the key's bin, -1 when filtered out
+    double w = 0.0;
+    u64 key = 0;
+    if (i < end) {
+      key = order_key(x[i], i);
+      if (key >= floor && (key & mask) == prefix) {
+        const float wf = by_count ? 1.0f : expf(x[i] - mx);
+        if (wf >= min_weight) d = static_cast<int>((key >> shift) & 255), w = wf;
+      }
+    }
+    // The first passes over a flat row put nearly every key in one or two bins: a warp whose
+    // lanes agree adds once instead of 32 times to the same shared word.
+    if (__match_any_sync(0xffffffffu, d) == 0xffffffffu) {
+      if (d < 0) continue;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+        const u64 other = __shfl_xor_sync(0xffffffffu, key, o);
+        key = other > key ? other : key;
+      }
+      if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&mass[d], w);
+        atomicAdd(&count[d], 32u);
+        atomicMax(&max_key[d], key);
+      }
+    } else if (d >= 0) {
+      atomicAdd(&mass[d], w);
+      atomicAdd(&count[d], 1u);
+      atomicMax(&max_key[d], key);
+    }
   }
   __syncthreads();
   for (int d = threadIdx.x; d < 256; d += threads) {
