@@ -9,7 +9,8 @@
 // token callback. Host memory is VmRSS / VmHWM of /proc/self/status after the load. Decode:
 // N tokens (default 128, 0 = skip) after a 32-token prompt, tok/s between the first and the last
 // token callback, best of 3, for greedy, Qwen3's generation_config sampling (temperature 0.6,
-// top-k 20, top-p 0.95), the same with top-k off, and greedy with repetition_penalty 1.1.
+// top-k 20, top-p 0.95), the same with top-k off, a plain draw at temperature 1 (the OpenAI
+// API's defaults), and greedy with repetition_penalty 1.1.
 #include <xserv.h>
 
 #include <algorithm>
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
     const Mode modes[] = {{"greedy", 0, 0, 1, 1},
                           {"t0.6 top-k 20 top-p 0.95", 0.6f, 20, 0.95f, 1},
                           {"t0.6 top-p 0.95 (no top-k)", 0.6f, 0, 0.95f, 1},
+                          {"t1.0, no filter (OpenAI's)", 1.0f, 0, 1.0f, 1},
                           {"greedy, repetition 1.1", 0, 0, 1, 1.1f}};
     std::printf("\ndecode, batch 1, %d tokens after a 32-token prompt\n%-28s %10s %8s\n", decode, "sampling",
                 "tok/s", "x greedy");

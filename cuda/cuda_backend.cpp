@@ -196,6 +196,7 @@ class CudaBackend final : public Backend {
   Buffer logprobs_device_;
   Buffer token_counts_;
   Buffer sample_candidates_;  // launch_sample_topk's per-row candidate keys
+  Buffer sample_select_;      // launch_sample's per-row radix-select state
 
   // CUDA graphs keyed by (caller's key, batch shape).
   struct Graph {
@@ -243,6 +244,8 @@ CudaBackend::~CudaBackend() {
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
   sample_device_ = Buffer();
+  sample_candidates_ = Buffer();
+  sample_select_ = Buffer();
   logprobs_device_ = Buffer();
   token_counts_ = Buffer();
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -736,8 +739,13 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
     launch_sample_topk(stream_, logits.as<float>(), rows, vocab, reinterpret_cast<const SamplingRowParams*>(d),
                        counts, k_max, sample_candidates_.data(), ids_dev);
   } else {
-    launch_sample(stream_, logits.as<float>(), rows, vocab,
-                  reinterpret_cast<const SamplingRowParams*>(d), counts, ids_dev);
+    int filters = 1;  // the draw, then top-k (past the split path's limit) and top-p where set
+    for (const SamplingRow& s : params.rows)
+      if (s.temperature > 0.0f)
+        filters = std::max(filters, 1 + (s.top_k > 0 && s.top_k < vocab ? 1 : 0) + (s.top_p < 1.0f ? 1 : 0));
+    ensure_scratch(sample_select_, sample_select_bytes(rows));
+    launch_sample(stream_, logits.as<float>(), rows, vocab, reinterpret_cast<const SamplingRowParams*>(d),
+                  8 * filters, counts, sample_select_.data(), ids_dev);
   }
   XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
                                    cudaMemcpyDeviceToHost, stream_));

@@ -145,9 +145,12 @@ void launch_token_counts(cudaStream_t stream, std::uint32_t* counts, std::int64_
                          std::int32_t rows, const std::int32_t* prompt_tokens,
                          const std::int32_t* prompt_start, const std::int32_t* output_tokens,
                          const std::int32_t* output_start);
+// Any rows: each row split over many blocks, a radix select per filter (`passes` launches: 8 per
+// filter of the row with most, the draw included). `select` holds sample_select_bytes(rows).
+std::size_t sample_select_bytes(std::int32_t rows);
 void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
-                   const SamplingRowParams* params, const std::uint32_t* counts,
-                   std::int32_t* out_ids);
+                   const SamplingRowParams* params, int passes, const std::uint32_t* counts,
+                   void* select, std::int32_t* out_ids);
 // The same sampling when every row is greedy or has 0 < top_k <= k_max <= sample_topk_max_k
 // (sampling_topk.cu): the row split over many blocks, then a draw over the candidates.
 // `candidates` holds rows * sample_topk_candidates(vocab, k_max) u64 keys.

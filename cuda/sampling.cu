@@ -1,4 +1,6 @@
-// Token sampling on the GPU: one block per logits row; only the chosen ids leave the device.
+// Token sampling on the GPU when some row has no small top-k (sampling_topk.cu takes the batches
+// whose rows all do): each row is split over up to 64 blocks, so a row of 152k logits is read by
+// 38 SMs at once, not by one. Only the chosen ids leave the device.
 // Per row (logits [R, V] f32, modified in place like the CPU backend): penalties (repetition:
 // HF over prompt + output; presence/frequency: OpenAI over output, from the counts table),
 // temperature, then greedy argmax, or top-k, top-p, min-p and an inverse-CDF draw with the
@@ -6,10 +8,19 @@
 // Order: tokens are ranked by (probability desc, id asc), encoded as one 64-bit key
 // (order-preserving float bits << 32 | ~id), so ties break exactly as on the CPU. Every filter
 // keeps a prefix of that order, so each is a "find the key where a running total crosses a
-// target" problem, solved by an 8-pass radix select over the key bytes (histogram of counts or
-// of probability mass per byte value in shared memory), never a full sort of the vocabulary.
-// Launch: grid R, 1024 threads; counts [R, V] (bit 31: token seen in prompt or output, low bits:
-// times in output) is filled by token_counts_kernel (grid R, 256 threads) when a row penalises.
+// target" problem, solved by a radix select over the key bytes, never a full sort:
+//   select_prepare_kernel: penalties and temperature in place, the row's best key (atomicMax);
+//     the last block to finish decides the row's first phase (greedy rows end here).
+//   select_pass_kernel, launched up to 8 times per phase (phases: top-k by count, top-p by mass,
+//     the draw by mass): every block histograms one key byte of its chunk (count, mass in double
+//     like the CPU backend, the largest key per bin) into the row's global bins; the last block
+//     to arrive picks the bin where the running total crosses the target, narrows the prefix or,
+//     when that bin holds one key, ends the phase early. Later launches for a finished row
+//     return at once. The first pass of a mass phase sums the bins: that is the kept mass Z.
+// Masses are summed in double: with thousands of kept tokens a float sum can move a draw across
+// a boundary of the order, and then the id differs completely.
+#include <algorithm>
+
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -19,156 +30,210 @@
 namespace xserv::cuda {
 namespace {
 
-constexpr int threads = 1024;
 using u64 = unsigned long long;
+constexpr int threads = 256;
+constexpr int min_chunk = 4096;   // logits per block: enough work to hide a pass's fixed costs
+constexpr int max_blocks = 64;
 
+enum Phase : int { top_k_phase, top_p_phase, draw_phase, done_phase };
 
-// Masses are summed in double (like the CPU backend): with thousands of kept tokens a float sum
-// can move a draw across a boundary of the order, and then the id differs completely.
-struct Shared {
-  double bins[256];
-  double scratch[32];
-  u64 key_scratch[32];
-  u64 prefix;
-  double above;
+// One row's select, in global memory (zeroed before select_prepare_kernel).
+struct RowSelect {
+  double mass[256];
+  unsigned count[256];
+  u64 max_key[256];
+  u64 best;       // the largest key after penalties and temperature
+  u64 floor;      // keys below are out (the top-k and top-p results so far)
+  u64 prefix, mask;
+  double above;   // kept total in the bins above the prefix
+  double target;
+  int phase, shift;
+  unsigned arrived;  // blocks done with the current kernel
 };
 
-// What a row keeps: keys >= floor whose weight exp(x - mx) is >= min_weight.
-struct Keep {
-  u64 floor;
-  float mx;
-  float min_weight;
-};
-
-__device__ __forceinline__ float weight_of(float x, float mx) { return expf(x - mx); }
-
-// The key of the element at which the running total over kept elements in descending key order
-// first reaches target (strict: exceeds it). Totals count elements (by_count) or mass.
-__device__ u64 radix_select(const float* x, int vocab, const Keep& keep, bool by_count,
-                            double target, bool strict, Shared& sh) {
-  u64 prefix = 0, mask = 0;
-  double above = 0.0;
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.bins[i] = 0.0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const u64 key = order_key(x[i], i);
-      if (key < keep.floor || (key & mask) != prefix) continue;
-      const float w = weight_of(x[i], keep.mx);
-      if (w < keep.min_weight) continue;
-      atomicAdd(&sh.bins[(key >> shift) & 255], by_count ? 1.0 : static_cast<double>(w));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double run = above;
-      int chosen = -1, last = -1;
-      for (int d = 255; d >= 0; --d) {
-        const double b = sh.bins[d];
-        if (b <= 0.0) continue;
-        last = d;
-        const double next = run + b;
-        if (strict ? next > target : next >= target) {
-          chosen = d;
-          break;
-        }
-        run = next;
-      }
-      if (chosen < 0) {  // rounding left the target just out of reach: take the last element
-        chosen = last < 0 ? 0 : last;
-        run = above;
-        for (int d = 255; d > chosen; --d) run += sh.bins[d];
-      }
-      sh.prefix = prefix | (static_cast<u64>(chosen) << shift);
-      sh.above = run;
-    }
-    __syncthreads();
-    prefix = sh.prefix;
-    above = sh.above;
-    mask |= 0xFFull << shift;
-    __syncthreads();
-  }
-  return prefix;
+__device__ __forceinline__ int chunk_begin(int vocab, int blk, int nblk) {
+  return static_cast<int>(static_cast<long long>(vocab) * blk / nblk);
 }
 
-__device__ double kept_mass(const float* x, int vocab, const Keep& keep, Shared& sh) {
-  double s = 0.0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    if (order_key(x[i], i) < keep.floor) continue;
-    const float w = weight_of(x[i], keep.mx);
-    if (w >= keep.min_weight) s += w;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) sh.scratch[warp] = s;
-  __syncthreads();
-  s = lane < static_cast<int>(blockDim.x >> 5) ? sh.scratch[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
+__device__ __forceinline__ float row_max(const RowSelect& st) { return key_value(st.best); }
+
+// The phase after `done` for this row's filters.
+__device__ int next_phase(int done, const SamplingRowParams& p, int vocab) {
+  if (done < top_k_phase && p.top_k > 0 && p.top_k < vocab) return top_k_phase;
+  if (done < top_p_phase && p.top_p < 1.0f) return top_p_phase;
+  return draw_phase;
 }
 
-__device__ u64 block_max_key(u64 k, Shared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u64 other = __shfl_xor_sync(0xffffffffu, k, o);
-    k = other > k ? other : k;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// True in exactly one thread of the grid's row: the last block to finish this kernel, after every
+// other block's global writes are visible to it.
+__device__ bool last_block_of_row(RowSelect& st, int nblk) {
+  __shared__ bool last;
+  __threadfence();
   __syncthreads();
-  if (lane == 0) sh.key_scratch[warp] = k;
+  if (threadIdx.x == 0) last = atomicAdd(&st.arrived, 1u) == static_cast<unsigned>(nblk - 1);
   __syncthreads();
-  k = lane < static_cast<int>(blockDim.x >> 5) ? sh.key_scratch[lane] : 0ull;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u64 other = __shfl_xor_sync(0xffffffffu, k, o);
-    k = other > k ? other : k;
-  }
-  return k;
+  if (!last) return false;
+  __threadfence();
+  return true;
 }
 
-__global__ void __launch_bounds__(threads) sample_kernel(float* logits, std::int64_t vocab64,
-                                                         const SamplingRowParams* params,
-                                                         const std::uint32_t* counts,
-                                                         std::int32_t* out_ids) {
-  __shared__ Shared sh;
-  const int row = blockIdx.x;
+__global__ void __launch_bounds__(threads)
+    select_prepare_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
+                          const std::uint32_t* counts, RowSelect* sel, std::int32_t* out_ids) {
+  __shared__ u64 warp_best[threads / 32];
+  const int row = blockIdx.y, blk = blockIdx.x, nblk = gridDim.x;
   const int vocab = static_cast<int>(vocab64);
   const SamplingRowParams prm = params[row];
   float* x = logits + static_cast<std::int64_t>(row) * vocab64;
   const std::uint32_t* cnt = prm.use_penalties ? counts + static_cast<std::int64_t>(row) * vocab64 : nullptr;
   const bool greedy = prm.temperature <= 0.0f;
+  RowSelect& st = sel[row];
 
-  // Penalties and temperature in place; the running maximum key gives argmax and the max logit.
   u64 best = 0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+  for (int i = chunk_begin(vocab, blk, nblk) + threadIdx.x; i < chunk_begin(vocab, blk + 1, nblk); i += threads) {
     const float v = adjusted_logit(x[i], cnt, i, prm, greedy);
     x[i] = v;
     const u64 k = order_key(v, i);
     best = k > best ? k : best;
   }
-  best = block_max_key(best, sh);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u64 other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+  }
+  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < threads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+    atomicMax(&st.best, best);
+  }
+  if (!last_block_of_row(st, nblk) || threadIdx.x != 0) return;
+  st.arrived = 0;
+  st.shift = 56;
   if (greedy) {
-    if (threadIdx.x == 0) out_ids[row] = key_id(best);
-    return;
+    out_ids[row] = key_id(st.best);
+    st.phase = done_phase;
+  } else {
+    st.phase = next_phase(-1, prm, vocab);
   }
-  __syncthreads();  // every thread's in-place writes are visible before the passes re-read x
+}
 
-  const unsigned top_bits = static_cast<unsigned>(best >> 32);
-  const float mx = __uint_as_float((top_bits & 0x80000000u) ? (top_bits & 0x7fffffffu) : ~top_bits);
-  Keep keep{0ull, mx, 0.0f};
-  if (prm.top_k > 0 && prm.top_k < vocab)
-    keep.floor = radix_select(x, vocab, keep, true, static_cast<double>(prm.top_k), false, sh);
-  if (prm.top_p < 1.0f) {
-    const double z = kept_mass(x, vocab, keep, sh);
-    const u64 k = radix_select(x, vocab, keep, false, static_cast<double>(prm.top_p) * z, false, sh);
-    keep.floor = k > keep.floor ? k : keep.floor;
+// The last block's half of a pass: choose the bin, then narrow, or end the phase.
+__device__ void select_bin(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
+  const bool by_count = st.phase == top_k_phase, strict = st.phase == draw_phase;
+  if (st.shift == 56) {  // a phase's first pass: its target (mass phases: a share of the kept Z)
+    double z = 0.0;
+    for (int d = 0; d < 256; ++d) z += st.mass[d];
+    st.target = st.phase == top_k_phase   ? static_cast<double>(prm.top_k)
+                : st.phase == top_p_phase ? static_cast<double>(prm.top_p) * z
+                                          : static_cast<double>(prm.uniform) * z;
   }
-  if (prm.min_p > 0.0f) keep.min_weight = prm.min_p;  // p_i >= min_p * p_max, p_max has weight 1
-  const double z = kept_mass(x, vocab, keep, sh);
-  const u64 chosen = radix_select(x, vocab, keep, false, static_cast<double>(prm.uniform) * z, true, sh);
-  if (threadIdx.x == 0) out_ids[row] = key_id(chosen);
+  double run = st.above;
+  int chosen = -1, last = -1;
+  for (int d = 255; d >= 0; --d) {
+    if (st.count[d] == 0) continue;
+    const double b = by_count ? static_cast<double>(st.count[d]) : st.mass[d];
+    last = d;
+    const double next = run + b;
+    if (strict ? next > st.target : next >= st.target) {
+      chosen = d;
+      break;
+    }
+    run = next;
+  }
+  if (chosen < 0) {  // rounding left the target just out of reach: take the last element
+    chosen = last < 0 ? 0 : last;
+    run = st.above;
+    for (int d = 255; d > chosen; --d) run += by_count ? static_cast<double>(st.count[d]) : st.mass[d];
+  }
+  const unsigned in_bin = st.count[chosen];
+  const u64 key = st.max_key[chosen];
+  if (in_bin <= 1 || st.shift == 0) {  // the crossing key is known
+    if (st.phase == draw_phase) {
+      out[blockIdx.y] = key_id(key);
+      st.phase = done_phase;
+    } else {
+      st.floor = key > st.floor ? key : st.floor;
+      st.phase = next_phase(st.phase, prm, vocab);
+    }
+    st.prefix = st.mask = 0;
+    st.above = 0.0;
+    st.shift = 56;
+  } else {
+    st.prefix |= static_cast<u64>(chosen) << st.shift;
+    st.mask |= 0xFFull << st.shift;
+    st.above = run;
+    st.shift -= 8;
+  }
+  for (int d = 0; d < 256; ++d) st.mass[d] = 0.0, st.count[d] = 0, st.max_key[d] = 0;
+  st.arrived = 0;
+}
+
+__global__ void __launch_bounds__(threads)
+    select_pass_kernel(const float* logits, std::int64_t vocab64, const SamplingRowParams* params,
+                       RowSelect* sel, std::int32_t* out_ids) {
+  __shared__ double mass[256];
+  __shared__ unsigned count[256];
+  __shared__ u64 max_key[256];
+  const int row = blockIdx.y, blk = blockIdx.x, nblk = gridDim.x;
+  RowSelect& st = sel[row];
+  const int phase = st.phase;  // written by the previous kernel: the same for every block
+  if (phase == done_phase) return;
+  const int vocab = static_cast<int>(vocab64);
+  const SamplingRowParams prm = params[row];
+  const float* x = logits + static_cast<std::int64_t>(row) * vocab64;
+  const u64 floor = st.floor, prefix = st.prefix, mask = st.mask;
+  const int shift = st.shift;
+  const float mx = row_max(st);
+  // min-p keeps p_i >= min_p * p_max (the best token has weight 1); it cuts only the draw.
+  const float min_weight = phase == draw_phase ? fminf(prm.min_p, 1.0f) : 0.0f;
+  const bool by_count = phase == top_k_phase;
+
+  for (int d = threadIdx.x; d < 256; d += threads) mass[d] = 0.0, count[d] = 0, max_key[d] = 0;
+  __syncthreads();
+  const int begin = chunk_begin(vocab, blk, nblk), end = chunk_begin(vocab, blk + 1, nblk);
+  for (int base = begin; base < end; base += threads) {  // warp-uniform trip count
+    const int i = base + static_cast<int>(threadIdx.x);
+    int d = -1;  // the key's bin, -1 when filtered out
+    double w = 0.0;
+    u64 key = 0;
+    if (i < end) {
+      key = order_key(x[i], i);
+      if (key >= floor && (key & mask) == prefix) {
+        const float wf = by_count ? 1.0f : expf(x[i] - mx);
+        if (wf >= min_weight) d = static_cast<int>((key >> shift) & 255), w = wf;
+      }
+    }
+    // The first passes over a flat row put nearly every key in one or two bins: a warp whose
+    // lanes agree adds once instead of 32 times to the same shared word.
+    if (__match_any_sync(0xffffffffu, d) == 0xffffffffu) {
+      if (d < 0) continue;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+        const u64 other = __shfl_xor_sync(0xffffffffu, key, o);
+        key = other > key ? other : key;
+      }
+      if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&mass[d], w);
+        atomicAdd(&count[d], 32u);
+        atomicMax(&max_key[d], key);
+      }
+    } else if (d >= 0) {
+      atomicAdd(&mass[d], w);
+      atomicAdd(&count[d], 1u);
+      atomicMax(&max_key[d], key);
+    }
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < 256; d += threads) {
+    if (count[d] == 0) continue;
+    atomicAdd(&st.mass[d], mass[d]);
+    atomicAdd(&st.count[d], count[d]);
+    atomicMax(&st.max_key[d], max_key[d]);
+  }
+  if (!last_block_of_row(st, nblk) || threadIdx.x != 0) return;
+  select_bin(st, prm, vocab, out_ids);
 }
 
 __global__ void token_counts_kernel(std::uint32_t* counts, std::int64_t vocab,
@@ -201,12 +266,24 @@ void launch_token_counts(cudaStream_t stream, std::uint32_t* counts, std::int64_
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
+std::size_t sample_select_bytes(std::int32_t rows) {
+  return static_cast<std::size_t>(rows) * sizeof(RowSelect);
+}
+
 void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
-                   const SamplingRowParams* params, const std::uint32_t* counts,
-                   std::int32_t* out_ids) {
+                   const SamplingRowParams* params, int passes, const std::uint32_t* counts,
+                   void* select, std::int32_t* out_ids) {
   if (rows == 0) return;
-  sample_kernel<<<rows, threads, 0, stream>>>(logits, vocab, params, counts, out_ids);
+  auto* sel = static_cast<RowSelect*>(select);
+  XSERV_CUDA_CHECK(cudaMemsetAsync(sel, 0, sample_select_bytes(rows), stream));
+  const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((vocab + min_chunk - 1) / min_chunk, 1, max_blocks));
+  const dim3 grid(blocks, static_cast<unsigned>(rows));
+  select_prepare_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, counts, sel, out_ids);
   XSERV_CUDA_LAUNCH_CHECK();
+  for (int p = 0; p < passes; ++p) {
+    select_pass_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, sel, out_ids);
+    XSERV_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace xserv::cuda

@@ -20,6 +20,8 @@
 #   scripts/cuda_device_run.sh latency [cuda] tests, then load time, host RSS, first-token
 #                                       latency of unseen prompt lengths and greedy vs sampled
 #                                       decode through the C API (Qwen3-8B, 0.6B; c_api_bench)
+#   scripts/cuda_device_run.sh sampling the sampling tests under memcheck and racecheck, then
+#                                       greedy vs sampled decode through the C API (Qwen3-0.6B, 8B)
 #   scripts/cuda_device_run.sh attn    [cuda] tests, then long-context, serving and batch-1 speed
 #                                       with the tiled decode attention off (before) and on (after)
 #   scripts/cuda_device_run.sh prefill the prefill-attention tests (both kernels) under compute-
@@ -215,6 +217,17 @@ elif [ "$stage" = serve ]; then
     echo "== c_api_bench Qwen3-8B"
     timeout 60 "$bin/c_api_bench" -m /tmp/models/qwen3-8b --device cuda --lengths 1,6,32,100
   } | tee "$OUT/serve.txt"
+elif [ "$stage" = sampling ]; then
+  echo "== [cuda] sampling tests"
+  timeout 100 "$bin/xserv_tests" "cuda sample*,cuda logprobs*" 2>&1 | tail -4 | tee "$OUT/tests.txt"
+  sanitize "cuda sample*" sanitizer.txt
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/xserv_tests" "*many blocks per row*" 2>&1 |
+    tail -4 | tee "$OUT/racecheck.txt"
+  checkpoints qwen3-0.6b qwen3-8b
+  for m in qwen3-0.6b qwen3-8b; do
+    echo "== greedy vs sampled decode through the C API: $m"
+    timeout 90 "$bin/c_api_bench" -m /tmp/models/$m --device cuda --lengths 1
+  done 2>&1 | tee "$OUT/c_api_bench.txt"
 elif [ "$stage" = latency ]; then
   run_cuda_tests 150
   checkpoints qwen3-0.6b qwen3-8b

@@ -2,6 +2,9 @@
 // min-p and penalties, since both draw u = sampling_uniform(seed, step) and walk the tokens in
 // (probability desc, id asc) order. Logits are random normals (no exact ties among the kept
 // tokens), so any difference is a bug, not rounding.
+#include <algorithm>
+#include <numeric>
+
 #include "cuda_test_util.hpp"
 
 using namespace xserv;
@@ -93,6 +96,62 @@ TEST_CASE("cuda sample, split-row top-k path, matches the CPU backend", "[cuda]"
                     << " top_k " << sb.rows[static_cast<std::size_t>(r)].top_k);
         REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
       }
+    }
+  }
+}
+
+// Batches with a row past the split path (no top-k, or top-k > 1024) take the many-blocks-per-row
+// radix select (sampling.cu): every filter combination, flat rows where top-p keeps most of the
+// vocabulary (the select then narrows over many passes), ties, penalties and one-block vocabs.
+TEST_CASE("cuda sample, many blocks per row, matches the CPU backend", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(14);
+  for (std::int64_t vocab : {37, 4096, 5000, 151936}) {
+    SamplingBatch sb;
+    for (std::uint64_t s = 0; s < 4; ++s) {
+      sb.rows.push_back(row_of(1.0f, 0, 1.0f, 0.0f, s));       // plain draw (OpenAI's defaults)
+      sb.rows.push_back(row_of(0.6f, 0, 0.95f, 0.0f, s));      // top-p alone
+      sb.rows.push_back(row_of(1.0f, 3000, 1.0f, 0.0f, s));    // large top-k
+      sb.rows.push_back(row_of(0.9f, 2000, 0.7f, 0.01f, s));   // every filter
+      sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, s));       // greedy beside them
+      sb.rows.push_back(row_of(1.2f, 0, 0.5f, 0.2f, s));       // min-p inside top-p
+      sb.rows.push_back(row_of(1.0f, 0, 1.0f, 1.0f, s));       // min-p 1: the best token
+    }
+    for (std::size_t r = 0; r < sb.rows.size(); r += 4) sb.rows[r].repetition_penalty = 1.3f;
+    for (std::size_t r = 1; r < sb.rows.size(); r += 5) sb.rows[r].frequency_penalty = 0.4f;
+    sb.prompt_start.push_back(0);
+    sb.output_start.push_back(0);
+    for (std::size_t r = 0; r < sb.rows.size(); ++r) {
+      for (int i = 0; i < 6; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>((r * 11 + i * 5) % vocab));
+      for (int i = 0; i < 4; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>((r * 3 + i) % vocab));
+      sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
+      sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
+    }
+    const auto rows = static_cast<std::int64_t>(sb.rows.size());
+    // Half the rows peaked (normals, std 3), half nearly flat: a shuffled ramp over [0, 0.5), so
+    // top-p keeps most of the vocabulary and the probabilities stay distinct in float (random
+    // flat rows would tie in p where the logits differ; the CPU orders such ties by id, the GPU
+    // by logit). A tied pair of logits in every row.
+    auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+    std::vector<std::int64_t> perm(static_cast<std::size_t>(vocab));
+    for (std::int64_t r = 1; r < rows; r += 2) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (std::int64_t i = 0; i < vocab; ++i)
+        logits[static_cast<std::size_t>(r * vocab + i)] = 0.5f * static_cast<float>(perm[static_cast<std::size_t>(i)]) / static_cast<float>(vocab);
+    }
+    for (std::int64_t r = 0; r < rows; ++r)
+      logits[static_cast<std::size_t>(r * vocab + vocab / 2)] = logits[static_cast<std::size_t>(r * vocab + 1)];
+    auto cl = logits;
+    std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+    be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+    be.gpu->sample(be.gpu_tensor(logits, DType::f32, {rows, vocab}), sb, got.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const SamplingRow& sr = sb.rows[static_cast<std::size_t>(r)];
+      INFO("vocab " << vocab << " row " << r << " temperature " << sr.temperature << " top_k "
+                    << sr.top_k << " top_p " << sr.top_p << " min_p " << sr.min_p);
+      REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
     }
   }
 }
