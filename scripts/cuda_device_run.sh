@@ -164,6 +164,10 @@ elif [ "$stage" = fused ]; then
     done
     ab qwen3-0.6b --prompt-len 900 --gen-len 100 --batch 1 --repeat 2
     ab qwen3-1.7b --prompt-len 128 --gen-len 128 --batch 16 --repeat 2
+    for m in gpt2 qwen3-0.6b; do  # the engine's host time per step, next to the step time
+      timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --prompt-len 128 --gen-len 128 --batch 1 --repeat 1 --profile 2>&1 | grep -A12 "profile of"
+    done
   } 2>&1 | tee "$OUT/bench_ab.txt"
   checkpoints gpt2 qwen3-0.6b
   echo "== parity"
