@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "cuda/device_arena.hpp"
 #include "cuda_test_util.hpp"
 
 using namespace xserv;
@@ -444,6 +445,26 @@ TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks again
       }
     }
   }
+}
+
+TEST_CASE("cuda DeviceArena: consecutive pieces lie back to back while their chunk has room", "[cuda]") {
+  // What stacked q|k|v and gate|up weights need (Qwen3::stacked): a piece goes after the
+  // previous one when it fits there, not into an older chunk's gap.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  constexpr std::size_t kb = 1024;
+  cuda::DeviceArena arena(0, 1024 * kb);
+  auto* a = static_cast<char*>(arena.allocate(400 * kb));
+  auto* b = static_cast<char*>(arena.allocate(400 * kb));
+  REQUIRE(b == a + 400 * kb);
+  auto* c = static_cast<char*>(arena.allocate(300 * kb));  // 224 KB left in the first chunk
+  auto* d = static_cast<char*>(arena.allocate(200 * kb));  // fits both: goes after c
+  REQUIRE(d == c + 300 * kb);
+  auto* e = static_cast<char*>(arena.allocate(600 * kb));  // past half a chunk: its own
+  REQUIRE(e != nullptr);
+  auto* f = static_cast<char*>(arena.allocate(100 * kb));  // still after d
+  REQUIRE(f == d + 200 * kb);
+  for (auto [p, n] : {std::pair{a, 400}, {b, 400}, {c, 300}, {d, 200}, {e, 600}, {f, 100}})
+    arena.deallocate(p, static_cast<std::size_t>(n) * kb);
 }
 
 TEST_CASE("cuda import_weight: chunked staging, f16 becomes bf16", "[cuda]") {
