@@ -155,7 +155,8 @@ bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
 
 // qk_attention.cu: qk_transform_store and decode attention as one kernel, one block per (kv head,
 // row), for steps where every sequence has one query row (max_query_len == 1) and short contexts
-// (the caller bounds them: the block walks all of a row's keys). attn.partial_* and num_splits
+// (the caller bounds them: the block walks all of a row's keys). Opt-in (XSERV_CUDA_FUSED_ATTN):
+// slower than the separate kernels as it stands (qk_attention.cu says why). attn.partial_* and num_splits
 // are unused; qk.rows, n_*_heads and head_dim must agree with attn.
 struct QkAttentionParams {
   AttentionParams attn;

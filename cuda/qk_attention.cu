@@ -1,4 +1,5 @@
-// Decode attention for short contexts as one kernel: the attention prologue (per-head q/k
+// Decode attention for short contexts as one kernel (opt-in, see "Supported" below: it is not
+// faster yet): the attention prologue (per-head q/k
 // RMSNorm, neox RoPE, k and v into the paged cache: what qk_transform_store does) and the
 // attention itself (what attention_decode.cu's kernels and their merge do), for steps where every
 // sequence brings one query row. At batch 1 with a few hundred keys the three kernels of the
@@ -21,8 +22,16 @@
 //    does not depend on timing, so graph replays equal eager steps bit for bit), and warp 0
 //    writes out = acc / sum in the activation dtype.
 // Supported: head_dim 64 or 128, G = n_q_heads / n_kv_heads <= 8, f32 or bf16
-// (qk_attention_supported); the backend takes this path for contexts up to a bound
-// (cuda_backend.cpp) and the split kernels beyond it.
+// (qk_attention_supported); the backend takes this path only when asked (XSERV_CUDA_FUSED_ATTN=N:
+// contexts up to N keys), because it measured SLOWER than the three kernels (H200, 2026-12-01,
+// docs/benchmarks.md): Qwen3-0.6B at batch 1 and 128-256 keys 30 us per layer (ncu) against
+// ~13.6 us, 718 tok/s against 1003; after a 900-token prompt 253 against 976. At batch 1 the
+// grid is one block per kv head (8 of 132 SMs), and each warp then issues ~5000 dependent
+// instructions (block-table lookups, scalar K/V loads, G warp reductions per key) at one per
+// ~12 cycles: the work the split kernels spread over 64 blocks is serialised. What it would
+// take: split the keys over blocks here too (each block transforms q itself, the block of the
+// last split also writes k/v) and let the last block to finish merge (an atomic ticket, as
+// gemv.cu's in_out kernel does), with 16-byte K/V loads.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"

@@ -27,7 +27,8 @@
 #                                       kernels, gaps and idle time outside the graph (nsys,
 #                                       scripts/nsys_steps.py), Qwen3-8B per-kernel bandwidth (ncu)
 #   scripts/cuda_device_run.sh fused   [cuda] tests, then decode with the fused kernels off
-#                                       (before) and on (after): every model at batch 1, a long-ish
+#                                       (before), as default (after) and with the opt-in one-kernel
+#                                       attention: every model at batch 1, a long-ish
 #                                       context, 16 rows; GPT-2 + Qwen3-0.6B parity with transformers
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
@@ -146,13 +147,18 @@ if [ "$stage" = decodeprof ]; then
   } 2>&1 | tee "$OUT/anatomy.txt"
   rm -f /tmp/ncu/*.sqlite; tar czf "$OUT/traces.tgz" -C /tmp/ncu . 2>/dev/null
 elif [ "$stage" = fused ]; then
-  # Issue 12's decode fusions, before (XSERV_CUDA_FUSED_ATTN=0 XSERV_CUDA_FUSED_NORM=0) and after in
-  # one call: batch-1 decode of every small model and Qwen3-8B, a context near the one-kernel
+  # Issue 12's decode fusions in one call: before (XSERV_CUDA_FUSED_NORM=0), after (the defaults:
+  # GPT-2's LayerNorm/GELU in its GEMVs) and with the opt-in one-kernel attention
+  # (XSERV_CUDA_FUSED_ATTN=1024): batch-1 decode of every small model and Qwen3-8B, a context near the one-kernel
   # attention's 1024-key bound, and 16 rows; then the HF parity of the models the fusions run.
   run_cuda_tests 120
-  ab() {  # config, generate_bench args...: before, then after
-    for side in before after; do
-      if [ $side = before ]; then envs=(XSERV_CUDA_FUSED_ATTN=0 XSERV_CUDA_FUSED_NORM=0); else envs=(XSERV_CUDA_NOTHING=1); fi
+  ab() {  # config, generate_bench args...: before, after (the defaults), the opt-in attention
+    for side in before after fused-attn; do
+      case $side in
+        before) envs=(XSERV_CUDA_FUSED_ATTN=0 XSERV_CUDA_FUSED_NORM=0) ;;
+        after) envs=(XSERV_CUDA_NOTHING=1) ;;
+        *) envs=(XSERV_CUDA_FUSED_ATTN=1024) ;;
+      esac
       printf -- "-- %s %s %s: " "$1" "${*:2}" $side
       env "${envs[@]}" timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$1.json \
         --device cuda "${@:2}" 2>&1 | grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
