@@ -42,15 +42,6 @@ namespace {
 constexpr int warps = 8;
 constexpr int keys_per_warp = 8;  // K/V rows a warp loads at once
 
-__device__ __forceinline__ int sequence_of(const std::int32_t* query_start, int num_seqs, int row) {
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {  // the last sequence whose first row is <= row (skips empty sequences)
-    const int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 template <typename T>
 __device__ __forceinline__ float round_to(float x) {
   return to_f32(from_f32<T>(x));
@@ -70,7 +61,7 @@ __global__ void __launch_bounds__(warps * 32) qk_attention_kernel(const QkAttent
   const int kvh = blockIdx.x, row = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = a.n_q_heads / a.n_kv_heads;
-  const int seq = sequence_of(a.query_start, a.num_seqs, row);
+  const int seq = find_sequence(a.query_start, a.num_seqs, row);
   const int ctx = a.context_lens[seq];
   int idx[E];
 #pragma unroll

@@ -387,6 +387,21 @@ void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase&
   }
 }
 
+// Every case in f32 and bf16, with KV blocks of 16 and 32.
+template <std::size_t N>
+void run_attention_cases(GpuCpu& be, std::mt19937& rng, const AttnCase (&cases)[N], bool one_op) {
+  for (DType dt : kActs) {
+    for (const auto& ac : cases) {
+      for (std::int32_t bs : {16, 32}) {
+        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
+                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
+                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
+        run_attention_case(be, rng, dt, ac, bs, one_op);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill, decode", "[cuda]") {
@@ -404,16 +419,7 @@ TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill
       {{4, 4, 64}, false, false, decode},  {{8, 1, 64}, true, true, decode},
       {{8, 1, 64}, false, true, mixed},    {{32, 8, 128}, true, true, long_decode},
       {{12, 12, 64}, false, false, long_decode}};
-  for (DType dt : kActs) {
-    for (const auto& ac : cases) {
-      for (std::int32_t bs : {16, 32}) {
-        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
-                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
-                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
-        run_attention_case(be, rng, dt, ac, bs);
-      }
-    }
-  }
+  run_attention_cases(be, rng, cases, false);
 }
 
 TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks against the CPU", "[cuda]") {
@@ -441,16 +447,7 @@ TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks again
       {{12, 12, 64}, false, false, decode}, {{8, 1, 64}, true, true, decode},
       {{8, 1, 128}, false, true, one},     {{16, 8, 128}, true, true, past},
       {{8, 2, 128}, true, true, mixed}};
-  for (DType dt : kActs) {
-    for (const auto& ac : cases) {
-      for (std::int32_t bs : {16, 32}) {
-        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
-                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
-                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
-        run_attention_case(be, rng, dt, ac, bs, true);
-      }
-    }
-  }
+  run_attention_cases(be, rng, cases, true);
 }
 
 TEST_CASE("cuda DeviceArena: consecutive pieces lie back to back while their chunk has room", "[cuda]") {
