@@ -85,6 +85,12 @@ class TimedBackend final : public Backend {
     // Through the base implementation, so its rms_norm / gemm / swiglu steps are timed one by one.
     Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
   }
+  void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                       const Tensor& norm_bias, float eps, const Tensor& w, WeightLayout layout,
+                       const Tensor& bias, bool gelu, Tensor h_scratch) override {
+    // Through the base implementation, so its steps are timed one by one.
+    Backend::layer_norm_gemm(out, x, norm_weight, norm_bias, eps, w, layout, bias, gelu, h_scratch);
+  }
   void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                           const DeviceBatch& batch, KvLayer cache) override {
     time("qk_transform_store", [&] { inner_->qk_transform_store(qkv, heads, t, batch, cache); });
@@ -92,6 +98,10 @@ class TimedBackend final : public Backend {
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads, const DeviceBatch& batch,
                  const KvLayer& cache, float scale) override {
     time("attention", [&] { inner_->attention(out, qkv, heads, batch, cache, scale); });
+  }
+  void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                    const DeviceBatch& batch, KvLayer cache, float scale) override {
+    time("qk_attention", [&] { inner_->qk_attention(out, qkv, heads, t, batch, cache, scale); });
   }
   void gelu(Tensor x) override { time("gelu", [&] { inner_->gelu(x); }); }
   void swiglu(Tensor out, const Tensor& gate_up) override {

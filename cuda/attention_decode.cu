@@ -29,15 +29,6 @@ namespace {
 constexpr int threads = 128;
 constexpr int num_warps = threads / 32;
 
-__device__ __forceinline__ int find_sequence(const std::int32_t* query_start, int num_seqs, int row) {
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {  // the last sequence whose first row is <= row (skips empty sequences)
-    const int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 // Combines the online-softmax state (m, l, acc) of two partial sums over disjoint key sets.
 template <int E>
 __device__ __forceinline__ void combine(float& m, float& l, float (&acc)[E], float m2, float l2,

@@ -123,6 +123,17 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The sequence a packed-batch row belongs to: the last sequence whose first row (query_start,
+// num_seqs + 1 entries) is <= row, so sequences with no rows are skipped.
+__device__ __forceinline__ int find_sequence(const std::int32_t* query_start, int num_seqs, int row) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
 // ---- Programmatic dependent launch (Hopper) ---------------------------------------------------

@@ -80,14 +80,24 @@ void* DeviceArena::allocate(std::size_t bytes) {
     reserved_ += size;
     return p;
   }
+  // The chunk of the previous piece first, so that pieces allocated one after another lie back to
+  // back while they fit (a model's q|k|v and gate|up weights then run as one stacked GEMV); then
+  // the first chunk with room. First-fit alone put the next layer's q into an older chunk's gap
+  // and its k elsewhere: 15 of Qwen3-8B's 36 layers lost their stacked q|k|v that way.
+  auto fits = [&](std::size_t i) { return i < chunks_.size() && chunks_[i].size - chunks_[i].used >= size; };
   std::size_t index = chunks_.size();
-  for (std::size_t i = 0; i < chunks_.size(); ++i) {
-    if (chunks_[i].size - chunks_[i].used >= size) {
-      index = i;
-      break;
+  if (fits(last_chunk_)) {
+    index = last_chunk_;
+  } else {
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      if (fits(i)) {
+        index = i;
+        break;
+      }
     }
   }
   if (index == chunks_.size()) new_chunk(chunk_bytes_);
+  last_chunk_ = index;
   Chunk& c = chunks_[index];
   void* p = c.base + c.used;
   c.used += size;

@@ -47,6 +47,7 @@ class DeviceArena final : public Allocator {
   std::size_t reserved_ = 0;
   std::mutex mutex_;
   std::vector<Chunk> chunks_;
+  std::size_t last_chunk_ = 0;  // the chunk the previous piece came from
   std::unordered_map<void*, std::size_t> piece_chunk_;  // piece -> index in chunks_
   std::unordered_map<void*, std::size_t> dedicated_;    // own cudaMalloc -> bytes
 };

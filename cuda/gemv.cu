@@ -12,6 +12,8 @@
 //   warps in shared memory and writes an f32 partial; the last block of a tile to finish (atomic
 //   ticket) adds the partials in chunk order (deterministic) and applies bias and beta.
 //   Launch: 256 threads, grid (column tiles, K chunks).
+//   With LayerNorm before it (each block normalises the M rows into shared memory first) and
+//   optionally GELU after it (GPT-2's c_attn and c_fc at decode: launch_layer_norm_gemv).
 // Requires K (out_in) or N (in_out) to be a multiple of the 16-byte vector and 16-byte aligned
 // W (and a for out_in); the caller falls back to cuBLASLt otherwise.
 #include <algorithm>
@@ -246,20 +248,79 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   }
 }
 
-template <typename T, int M, typename OutT>
+// The LayerNorm prologue of gemv_in_out_kernel: rows [M, k] of x normalised as norm.cu's
+// LayerNorm writes them (f32 statistics, two-pass variance, out = (x - mean) * rstd * w + b
+// rounded to T) into s_act as f32. Every block of the grid does it (k is small where it is used:
+// GPT-2's 768-1600 wide rows).
+template <typename T, int M>
+__device__ __forceinline__ void layer_norm_rows(float* s_act, const T* x, const T* norm_w,
+                                                const T* norm_b, float eps, int k) {
+  __shared__ float scratch[32];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const T* xr = x + static_cast<std::int64_t>(m) * k;
+    float* row = s_act + m * k;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+      row[i] = to_f32(xr[i]);
+      sum += row[i];
+    }
+    const float mean = block_sum(sum, scratch) / static_cast<float>(k);
+    float sq = 0.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+      const float d = row[i] - mean;
+      sq += d * d;
+    }
+    const float rstd = rsqrtf(block_sum(sq, scratch) / static_cast<float>(k) + eps);
+    for (int i = threadIdx.x; i < k; i += blockDim.x)
+      row[i] = to_f32(from_f32<T>((row[i] - mean) * rstd * to_f32(norm_w[i]) +
+                                  (norm_b ? to_f32(norm_b[i]) : 0.0f)));
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
+  const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.0f + tanhf(inner));
+}
+
+// The fusions of in_out GEMVs for GPT-2 blocks (LayerNormGemvArgs): the LayerNorm before (Norm)
+// and GELU after (Gelu: out = gelu(y + bias), y + bias rounded to the output dtype first as the
+// separate GEMM writes it).
+template <typename T>
+struct InOutFusion {
+  const T* norm_w = nullptr;  // Norm: LayerNorm weight [k], bias [k] (may be null)
+  const T* norm_b = nullptr;
+  float eps = 0.0f;
+  bool gelu = false;
+};
+
+template <typename OutT>
+__device__ __forceinline__ void finish_in_out(OutT* o, float v, float b, float beta, bool gelu) {
+  if (gelu) {
+    *o = from_f32<OutT>(gelu_tanh(to_f32(from_f32<OutT>(v + b))));
+    return;
+  }
+  finish(o, v, b, beta);
+}
+
+template <typename T, int M, typename OutT, bool Norm>
 __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std::int64_t ldo, const T* a,
                                                                  const T* w, const T* bias,
                                                                  float beta, int n, int k, int chunk,
-                                                                 float* partial, unsigned* tickets) {
+                                                                 float* partial, unsigned* tickets,
+                                                                 const InOutFusion<T> f) {
   constexpr int V = vec_of<T>;
   constexpr int tile_cols = 32 * V;
   __shared__ float red[warps][tile_cols];
   __shared__ bool last;
+  extern __shared__ float s_norm[];  // Norm: the normalised rows [M, k]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tile = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
   const int col0 = tile * tile_cols + lane * V;
   const bool col_ok = col0 < n;  // n % V == 0: a lane's V columns are all in or all out
   const int kb = part * chunk, ke = min(k, kb + chunk);
+  if constexpr (Norm) layer_norm_rows<T, M>(s_norm, a, f.norm_w, f.norm_b, f.eps, k);
 
   float acc[M][V];
 #pragma unroll
@@ -271,7 +332,9 @@ __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std:
     unpack<T>(wv, wf);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const float av = to_f32(a[static_cast<std::int64_t>(m) * k + kk]);
+      float av;
+      if constexpr (Norm) av = s_norm[m * k + kk];
+      else av = to_f32(a[static_cast<std::int64_t>(m) * k + kk]);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[m][v] += av * wf[v];
     }
@@ -309,7 +372,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std:
     if (owns) {
       const float b = bias ? to_f32(bias[col]) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) finish(out + static_cast<std::int64_t>(m) * ldo + col, mine[m], b, beta);
+      for (int m = 0; m < M; ++m) finish_in_out(out + static_cast<std::int64_t>(m) * ldo + col, mine[m], b, beta, f.gelu);
     }
     return;
   }
@@ -329,7 +392,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std:
     for (int m = 0; m < M; ++m) {
       float s = 0.0f;
       for (int p = 0; p < parts; ++p) s += __ldcg(&partial[(static_cast<std::int64_t>(p) * M + m) * n + col]);
-      finish(out + static_cast<std::int64_t>(m) * ldo + col, s, b, beta);
+      finish_in_out(out + static_cast<std::int64_t>(m) * ldo + col, s, b, beta, f.gelu);
     }
   }
   if (threadIdx.x == 0) tickets[tile] = 0;  // ready for the next launch (graph replays too)
@@ -372,10 +435,17 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
 template <typename T, typename OutT, int M>
 void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, const T* a, const T* w,
               const T* bias, float beta, int n, int k, const InOutShape& sh, float* partial,
-              unsigned* tickets, int sm_count) {
+              unsigned* tickets, int sm_count, const InOutFusion<T>& f = {}) {
   if (in_out) {
-    gemv_in_out_kernel<T, M, OutT><<<dim3(sh.tiles, sh.parts), warps * 32, 0, stream>>>(
-        out, ldo, a, w, bias, beta, n, k, sh.chunk, partial, tickets);
+    const dim3 grid(sh.tiles, sh.parts);
+    if (f.norm_w) {
+      const std::size_t smem = static_cast<std::size_t>(M) * k * sizeof(float);
+      gemv_in_out_kernel<T, M, OutT, true><<<grid, warps * 32, smem, stream>>>(
+          out, ldo, a, w, bias, beta, n, k, sh.chunk, partial, tickets, f);
+    } else {
+      gemv_in_out_kernel<T, M, OutT, false><<<grid, warps * 32, 0, stream>>>(
+          out, ldo, a, w, bias, beta, n, k, sh.chunk, partial, tickets, f);
+    }
   } else {
     const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
     launch_out_in<T, M, OutT, false, false>(stream, p, sm_count);
@@ -405,6 +475,19 @@ void launch_typed(cudaStream_t stream, bool in_out, void* out, std::int64_t ldo,
                                              static_cast<const T*>(a), static_cast<const T*>(w),
                                              static_cast<const T*>(bias), beta, n, k, sh, partial,
                                              tickets, sm_count);
+  });
+}
+
+template <typename T>
+void launch_layer_norm_gemv_typed(cudaStream_t stream, const LayerNormGemvArgs& g, int sm_count,
+                                  const InOutShape& sh, float* partial, unsigned* tickets) {
+  const InOutFusion<T> f{static_cast<const T*>(g.norm_weight), static_cast<const T*>(g.norm_bias),
+                         g.eps, g.gelu};
+  dispatch_rows(static_cast<int>(g.m), [&](auto rows) {
+    launch_m<T, T, decltype(rows)::value>(stream, true, static_cast<T*>(g.out), g.n,
+                                          static_cast<const T*>(g.x), static_cast<const T*>(g.w),
+                                          static_cast<const T*>(g.bias), 0.0f, static_cast<int>(g.n),
+                                          static_cast<int>(g.k), sh, partial, tickets, sm_count, f);
   });
 }
 
@@ -482,6 +565,21 @@ void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
   } else {
     launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
   }
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+bool layer_norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const void* x, const void* w) noexcept {
+  return gemv_supported(dt, true, m, n, k, x, w) &&
+         static_cast<std::size_t>(m * k) * sizeof(float) <= max_gemv_norm_smem;
+}
+
+void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvArgs& args,
+                            int sm_count, float* partial, unsigned* tickets) {
+  if (args.m == 0 || args.n == 0) return;
+  const InOutShape sh = in_out_shape(dt, args.n, args.k, sm_count);
+  if (dt == DType::f32) launch_layer_norm_gemv_typed<float>(stream, args, sm_count, sh, partial, tickets);
+  else launch_layer_norm_gemv_typed<bf16>(stream, args, sm_count, sh, partial, tickets);
   XSERV_CUDA_LAUNCH_CHECK();
 }
 

@@ -78,6 +78,27 @@ void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
                       std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
 
+// The in_out GEMV with GPT-2's LayerNorm before it and optionally GELU after it (one kernel
+// instead of two or three at decode): out[m, :] = gelu?(LayerNorm(x[m, :]) * norm_weight +
+// norm_bias . W + bias), W [k, n], everything in dt, rounded as launch_norm, launch_gemv and
+// launch_gelu would. Needs gemv_scratch_floats(dt, true, m, n, k) floats and gemv_tickets(dt, n)
+// as launch_gemv; m * k f32 values of shared memory, up to max_gemv_norm_smem bytes.
+struct LayerNormGemvArgs {
+  void* out;
+  const void* x;
+  const void* norm_weight;
+  const void* norm_bias;  // may be null
+  float eps;
+  const void* w;
+  const void* bias;  // may be null
+  bool gelu;
+  std::int64_t m, n, k;
+};
+bool layer_norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
+                               const void* x, const void* w) noexcept;
+void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvArgs& args,
+                            int sm_count, float* partial, unsigned* tickets);
+
 // rope_kv.cu
 constexpr int max_head_dim = 256;
 struct QkTransformParams {
@@ -131,6 +152,18 @@ bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcep
 // Tensor-core tiles of 64 query rows (bf16, head_dim 64 or 128).
 void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p);
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
+
+// qk_attention.cu: qk_transform_store and decode attention as one kernel, one block per (kv head,
+// row), for steps where every sequence has one query row (max_query_len == 1) and short contexts
+// (the caller bounds them: the block walks all of a row's keys). Opt-in (XSERV_CUDA_FUSED_ATTN):
+// slower than the separate kernels as it stands (qk_attention.cu says why). attn.partial_* and num_splits
+// are unused; qk.rows, n_*_heads and head_dim must agree with attn.
+struct QkAttentionParams {
+  AttentionParams attn;
+  QkTransformParams qk;
+};
+bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
+void launch_qk_attention(cudaStream_t stream, DType dt, const QkAttentionParams& p);
 
 // sampling.cu
 struct SamplingRowParams {

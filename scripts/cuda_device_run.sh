@@ -29,6 +29,14 @@
 #                                       the wmma kernel (before) and the mma kernel (after), and the
 #                                       kernel time of one prefill's attention (ncu; PREFILL_NCU=0
 #                                       leaves it out); FULL_TESTS=1 runs every [cuda] test first
+#   scripts/cuda_device_run.sh decodeprof  [cuda] tests (SKIP_TESTS=1: none), batch-1 decode of
+#                                       GPT-2, Qwen3-0.6B/1.7B/8B with PDL off and on, each step's
+#                                       kernels, gaps and idle time outside the graph (nsys,
+#                                       scripts/nsys_steps.py), Qwen3-8B per-kernel bandwidth (ncu)
+#   scripts/cuda_device_run.sh fused   [cuda] tests, then decode with the fused kernels off
+#                                       (before), as default (after) and with the opt-in one-kernel
+#                                       attention: every model at batch 1, a long-ish
+#                                       context, 16 rows; GPT-2 + Qwen3-0.6B parity with transformers
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -111,7 +119,73 @@ ncu_step() {  # model config, rows, log name, env...: kernel times of one graph-
   python3 scripts/ncu_table.py "/tmp/ncu/$name.csv" || tail -5 "/tmp/ncu/$name.csv"
 }
 
-if [ "$stage" = attn ]; then
+nsys_steps() {  # config, log name, env...: nsys trace of a 24-token decode, the step anatomy
+  local cfg=$1 name=$2
+  echo "== nsys: decode steps of $(basename "$cfg" .json) at batch 1 ${*:3}"
+  env "${@:3}" timeout 90 "$NSYS" profile -t cuda --cuda-graph-trace=node -f true -o "/tmp/ncu/$name" \
+    "$bin/generate_bench" --dummy-weights --config "$cfg" --device cuda --batch 1 --prompt-len 128 \
+    --gen-len 24 --repeat 1 >"/tmp/ncu/$name.log" 2>&1 || tail -3 "/tmp/ncu/$name.log"
+  timeout 60 "$NSYS" stats -q --report cuda_gpu_trace --format csv -f -o "/tmp/ncu/$name" \
+    "/tmp/ncu/$name.nsys-rep" >/dev/null 2>&1
+  python3 scripts/nsys_steps.py "/tmp/ncu/${name}_cuda_gpu_trace.csv" 10 2>&1 | head -${NSYS_LINES:-40}
+}
+
+if [ "$stage" = decodeprof ]; then
+  # Batch-1 decode anatomy (issue 12): speed with programmatic dependent launch off and on, the
+  # kernels, their gaps and the idle time outside the graph per step (nsys), GEMV bandwidth (ncu).
+  [ "${SKIP_TESTS:-0}" = 1 ] || run_cuda_tests 100
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  echo "nsys: ${NSYS:-none}"
+  mkdir -p /tmp/ncu
+  {
+    for m in ${MODELS:-gpt2 qwen3-0.6b qwen3-1.7b qwen3-8b}; do
+      for pdl in 0 1; do
+        echo "-- $m PDL=$pdl"
+        XSERV_CUDA_PDL=$pdl timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json \
+          --device cuda --prompt-len 128 --gen-len 128 --batch 1 --repeat 3 2>&1 | grep -E "^\| 1|rror"
+      done
+    done
+  } 2>&1 | tee "$OUT/bench_decode.txt"
+  {
+    if [ -n "$NSYS" ]; then
+      for m in ${MODELS:-gpt2 qwen3-0.6b qwen3-1.7b qwen3-8b}; do nsys_steps bench/configs/$m.json nsys_$m; done
+    fi
+    [ "${NCU:-1}" = 1 ] && ncu_step bench/configs/qwen3-8b.json 1 ncu_8b_1
+  } 2>&1 | tee "$OUT/anatomy.txt"
+  rm -f /tmp/ncu/*.sqlite; tar czf "$OUT/traces.tgz" -C /tmp/ncu . 2>/dev/null
+elif [ "$stage" = fused ]; then
+  # Issue 12's decode fusions in one call: before (XSERV_CUDA_FUSED_NORM=0), after (the defaults:
+  # GPT-2's LayerNorm/GELU in its GEMVs) and with the opt-in one-kernel attention
+  # (XSERV_CUDA_FUSED_ATTN=1024): batch-1 decode of every small model and Qwen3-8B, a context near the one-kernel
+  # attention's 1024-key bound, and 16 rows; then the HF parity of the models the fusions run.
+  run_cuda_tests 120
+  ab() {  # config, generate_bench args...: before, after (the defaults), the opt-in attention
+    for side in before after fused-attn; do
+      case $side in
+        before) envs=(XSERV_CUDA_FUSED_ATTN=0 XSERV_CUDA_FUSED_NORM=0) ;;
+        after) envs=(XSERV_CUDA_NOTHING=1) ;;
+        *) envs=(XSERV_CUDA_FUSED_ATTN=1024) ;;
+      esac
+      printf -- "-- %s %s %s: " "$1" "${*:2}" $side
+      env "${envs[@]}" timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$1.json \
+        --device cuda "${@:2}" 2>&1 | grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
+    done
+  }
+  {
+    for m in gpt2 qwen3-0.6b qwen3-1.7b qwen3-8b; do
+      ab $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 3
+    done
+    ab qwen3-0.6b --prompt-len 900 --gen-len 100 --batch 1 --repeat 2
+    ab qwen3-1.7b --prompt-len 128 --gen-len 128 --batch 16 --repeat 2
+    for m in gpt2 qwen3-0.6b; do  # the engine's host time per step, next to the step time
+      timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --prompt-len 128 --gen-len 128 --batch 1 --repeat 1 --profile 2>&1 | grep -A12 "profile of"
+    done
+  } 2>&1 | tee "$OUT/bench_ab.txt"
+  checkpoints gpt2 qwen3-0.6b
+  echo "== parity"
+  timeout 100 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_small.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b 2>&1 | grep -v Warning | tail -8
+elif [ "$stage" = attn ]; then
   run_cuda_tests 100
   before=(XSERV_CUDA_ATTN_TILES=0)  # the register attention kernel
   ab() {  # label, command...: the command with the change off, then on

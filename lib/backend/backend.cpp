@@ -22,6 +22,21 @@ void Backend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weig
   this->swiglu(out, y_scratch);
 }
 
+void Backend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                              const Tensor& norm_bias, float eps, const Tensor& w,
+                              WeightLayout layout, const Tensor& bias, bool gelu,
+                              Tensor h_scratch) {
+  layer_norm(h_scratch, x, {}, norm_weight, norm_bias, eps);
+  gemm(out, h_scratch, w, layout, bias);
+  if (gelu) this->gelu(out);
+}
+
+void Backend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                           const DeviceBatch& batch, KvLayer cache, float scale) {
+  qk_transform_store(qkv, heads, t, batch, cache);
+  attention(out, qkv, heads, batch, cache, scale);
+}
+
 std::int32_t ForwardBatch::max_query_len() const noexcept {
   std::int32_t m = 0;
   for (std::size_t s = 0; s + 1 < query_start.size(); ++s)

@@ -162,6 +162,17 @@ class Backend {
   virtual void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                              const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch);
 
+  // The same for LayerNorm blocks (GPT-2), with the GEMM's bias and an optional GELU:
+  //   h = LayerNorm(x) * norm_weight + norm_bias   (as layer_norm without a residual)
+  //   out = h · W + bias                            (W in `layout`, bias [N] or empty)
+  //   out = gelu ? gelu_tanh(out) : out             (as gelu)
+  // h_scratch [T, K] holds h when the steps run separately; its contents afterwards are
+  // unspecified.
+  virtual void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                               const Tensor& norm_bias, float eps, const Tensor& w,
+                               WeightLayout layout, const Tensor& bias, bool gelu,
+                               Tensor h_scratch);
+
   // In place on the q and k parts of qkv [T, qkv_width]: per-head RMSNorm then RoPE at each
   // row's position, as QkTransform says; then k and v of every row go to the cache at
   // slot_mapping[row].
@@ -173,6 +184,12 @@ class Backend {
   // out is [T, n_q_heads * head_dim]; scale multiplies q·k.
   virtual void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
                          const DeviceBatch& batch, const KvLayer& cache, float scale) = 0;
+
+  // qk_transform_store, then attention: one layer's attention as one op, which a backend may run
+  // as one kernel (CUDA: for decode steps over short contexts). The q part of qkv is unspecified
+  // afterwards; k and v are in the cache as qk_transform_store leaves them.
+  virtual void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
+                            const DeviceBatch& batch, KvLayer cache, float scale);
 
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).
   virtual void gelu(Tensor x) = 0;

@@ -126,15 +126,11 @@ class Gpt2 final : public Model {
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
-      be.layer_norm(ht, xt, {}, l.ln1_w, l.ln1_b, c.norm_eps);
-      be.gemm(qkvt, ht, l.attn_w, conv, l.attn_b);
-      be.qk_transform_store(qkvt, heads, QkTransform{}, b, kvl);
-      be.attention(at, qkvt, heads, b, kvl, scale);
+      be.layer_norm_gemm(qkvt, xt, l.ln1_w, l.ln1_b, c.norm_eps, l.attn_w, conv, l.attn_b, false, ht);
+      be.qk_attention(at, qkvt, heads, QkTransform{}, b, kvl, scale);
       be.gemm(xt, at, l.proj_w, conv, l.proj_b, beta);  // x += attn · W + b
       all_reduce(xt);
-      be.layer_norm(ht, xt, {}, l.ln2_w, l.ln2_b, c.norm_eps);
-      be.gemm(mt, ht, l.fc_w, conv, l.fc_b);
-      be.gelu(mt);
+      be.layer_norm_gemm(mt, xt, l.ln2_w, l.ln2_b, c.norm_eps, l.fc_w, conv, l.fc_b, true, ht);
       be.gemm(xt, mt, l.fc_proj_w, conv, l.fc_proj_b, beta);
       all_reduce(xt);
     }

@@ -162,8 +162,7 @@ class Qwen3 final : public Model {
                 0.0f, width);
       }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
-      be.qk_transform_store(qkvt, heads, qk, b, kvl);
-      be.attention(at, qkvt, heads, b, kvl, scale);
+      be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
       be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo
       all_reduce(xt);
       if (!l.gate_up_w.empty()) {

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "cuda/device_arena.hpp"
 #include "cuda_test_util.hpp"
 
 using namespace xserv;
@@ -181,6 +182,51 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
   }
 }
 
+TEST_CASE("cuda layer_norm_gemm: the fused GPT-2 decode GEMV (LayerNorm prologue, GELU epilogue)", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(32);
+  struct Case {
+    std::int64_t m, k, n;
+    bool norm_bias, bias;
+  };
+  // m <= 4 with m * k f32 values in 16 KB runs the fused kernel (GPT-2 shapes: 768 -> 2304 and
+  // 3072, K split over many blocks; a small K in one block); n not a multiple of the vector,
+  // m = 9 and k = 4100 take the separate layer_norm, gemm and gelu.
+  const Case cases[] = {{1, 768, 2304, true, true}, {1, 768, 3072, true, true}, {2, 1024, 256, false, true},
+                        {4, 768, 520, true, false},  {3, 64, 128, true, true},    {1, 768, 2302, true, true},
+                        {9, 768, 256, true, true},   {1, 4100, 64, true, true}};
+  for (DType dt : kActs) {
+    for (const auto& c : cases) {
+      for (bool gelu : {false, true}) {
+        INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " gelu=" << gelu);
+        auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
+        for (auto& v : x) v += 0.5f;  // a mean for the LayerNorm to remove
+        auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+        for (auto& v : g) v += 1.0f;
+        auto nb = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+        auto w = randn(rng, static_cast<std::size_t>(c.k * c.n), static_cast<float>(1.0 / std::sqrt(c.k)));
+        auto b = randn(rng, static_cast<std::size_t>(c.n), 0.5f);
+        for (auto* v : {&x, &g, &nb, &w, &b}) round_through(*v, dt);
+        std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size());
+        be.cpu.layer_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}),
+                               c.norm_bias ? host_view(nb, {c.k}) : Tensor(), 1e-5f, host_view(w, {c.k, c.n}),
+                               WeightLayout::in_out, c.bias ? host_view(b, {c.n}) : Tensor(), gelu,
+                               host_view(h, {c.m, c.k}));
+        Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->layer_norm_gemm(gout, be.gpu_tensor(x, dt, {c.m, c.k}), be.gpu_tensor(g, dt, {c.k}),
+                                c.norm_bias ? be.gpu_tensor(nb, dt, {c.k}) : Tensor(), 1e-5f,
+                                be.gpu_tensor(w, dt, {c.k, c.n}), WeightLayout::in_out,
+                                c.bias ? be.gpu_tensor(b, dt, {c.n}) : Tensor(), gelu,
+                                be.gpu_poisoned(dt, {c.m, c.k}));
+        // Values are O(1). bf16: the normalised rows and y are rounded as the separate kernels
+        // round them, the CPU keeps f32.
+        require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 2.5e-2, dt == DType::f32 ? 1e-4 : 2e-2);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda gelu, swiglu and gather_rows", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -268,6 +314,8 @@ struct AttnCase {
   std::vector<std::pair<std::int32_t, std::int32_t>> seqs;
 };
 
+// one_op: the GPU runs qk_attention (the one-kernel decode path where it applies) instead of
+// qk_transform_store then attention; q is not compared then (qk_attention leaves it unspecified).
 // exact_inputs: the attention output is also compared with the CPU backend's attention over the
 // GPU's own q and cache (read back; bf16 values are exact in f32), so only the attention kernel's
 // error counts: bf16 1e-2 absolute + 1e-2 relative. The output is rounded to bf16 (2^-8
@@ -276,8 +324,9 @@ struct AttnCase {
 // The comparison with the all-f32 CPU path also carries the bf16 rounding of q and k before the
 // scores: 2.2e-2 on 1 of 3.5M outputs in one case (identical from two versions of the mma
 // kernel that rounded P differently: it comes from q and k).
-void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase& ac,
-                        std::int32_t bs, bool exact_inputs = false) {
+void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase& ac, std::int32_t bs,
+                        bool one_op = false, bool exact_inputs = false) {
+  REQUIRE(!(one_op && exact_inputs));  // exact_inputs reads the GPU's q back
   const HeadGeometry& g = ac.geom;
   const std::int64_t d = g.head_dim, width = g.qkv_width();
   Paged p = make_batch(rng, bs, ac.seqs);
@@ -313,14 +362,18 @@ void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase&
   KvLayer gcache{be.gpu_tensor(kc, dt, cshape), be.gpu_tensor(vc, dt, cshape)};
   Tensor gqkv = be.gpu_tensor(qkv, dt, {t, width});
   const DeviceBatch gb = be.gpu->upload_batch(p.batch);
-  be.gpu->qk_transform_store(gqkv, g, gtr, gb, gcache);
   Tensor gout = be.gpu_poisoned(dt, {t, g.n_q_heads * d});
-  be.gpu->attention(gout, gqkv, g, gb, gcache, scale);
+  if (one_op) {
+    be.gpu->qk_attention(gout, gqkv, g, gtr, gb, gcache, scale);
+  } else {
+    be.gpu->qk_transform_store(gqkv, g, gtr, gb, gcache);
+    be.gpu->attention(gout, gqkv, g, gb, gcache, scale);
+  }
 
   // q after the transform (k and v are checked in the cache).
-  auto got_qkv = be.read(gqkv);
+  auto got_qkv = one_op ? std::vector<float>() : be.read(gqkv);
   std::vector<float> gq, cq;
-  for (std::int64_t r = 0; r < t; ++r)
+  for (std::int64_t r = 0; r < (one_op ? 0 : t); ++r)
     for (std::int64_t i = 0; i < g.n_q_heads * d; ++i) {
       gq.push_back(got_qkv[static_cast<std::size_t>(r * width + i)]);
       cq.push_back(cqkv[static_cast<std::size_t>(r * width + i)]);
@@ -352,6 +405,21 @@ void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase&
   }
 }
 
+// Every case in f32 and bf16, with KV blocks of 16 and 32.
+template <std::size_t N>
+void run_attention_cases(GpuCpu& be, std::mt19937& rng, const AttnCase (&cases)[N], bool one_op) {
+  for (DType dt : kActs) {
+    for (const auto& ac : cases) {
+      for (std::int32_t bs : {16, 32}) {
+        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
+                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
+                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
+        run_attention_case(be, rng, dt, ac, bs, one_op);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill, decode", "[cuda]") {
@@ -369,16 +437,55 @@ TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill
       {{4, 4, 64}, false, false, decode},  {{8, 1, 64}, true, true, decode},
       {{8, 1, 64}, false, true, mixed},    {{32, 8, 128}, true, true, long_decode},
       {{12, 12, 64}, false, false, long_decode}};
-  for (DType dt : kActs) {
-    for (const auto& ac : cases) {
-      for (std::int32_t bs : {16, 32}) {
-        INFO(dtype_name(dt) << " heads " << ac.geom.n_q_heads << "/" << ac.geom.n_kv_heads
-                            << " d " << ac.geom.head_dim << " norm " << ac.norm << " rope "
-                            << ac.rope << " seqs " << ac.seqs.size() << " block " << bs);
-        run_attention_case(be, rng, dt, ac, bs);
-      }
-    }
-  }
+  run_attention_cases(be, rng, cases, false);
+}
+
+TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks against the CPU", "[cuda]") {
+  // Decode batches with contexts up to the fused path's 1024-key bound (one block per kv head
+  // and row walks every key: 1, a partial first block, several warps' worth, block-size edges)
+  // and past it (1500: the split kernels), group sizes 1-8 (5: a group the kernel pads to 8),
+  // head_dim 64/128, with and without the q/k norm and RoPE; a mixed prefill batch takes the
+  // separate ops. Tolerances as the separate ops' test: the fused kernel reorders the f32 sums.
+  // The path is opt-in (XSERV_CUDA_FUSED_ATTN, read when the backend is made): on here.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  struct FusedOn {
+    FusedOn() { ::setenv("XSERV_CUDA_FUSED_ATTN", "1024", 1); }
+    ~FusedOn() { ::unsetenv("XSERV_CUDA_FUSED_ATTN"); }
+  } fused_on;
+  GpuCpu be;
+  std::mt19937 rng(15);
+  const std::vector<std::pair<std::int32_t, std::int32_t>> decode = {
+      {1, 1}, {1, 17}, {1, 64}, {1, 255}, {1, 700}, {1, 1024}, {1, 63}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> one = {{1, 300}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> past = {{1, 1500}, {1, 9}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> mixed = {{5, 5}, {1, 37}, {70, 100}};
+  const AttnCase cases[] = {
+      {{8, 2, 128}, true, true, decode},   {{16, 8, 128}, true, true, one},
+      {{32, 8, 128}, true, true, decode},  {{40, 8, 128}, true, true, decode},
+      {{12, 12, 64}, false, false, decode}, {{8, 1, 64}, true, true, decode},
+      {{8, 1, 128}, false, true, one},     {{16, 8, 128}, true, true, past},
+      {{8, 2, 128}, true, true, mixed}};
+  run_attention_cases(be, rng, cases, true);
+}
+
+TEST_CASE("cuda DeviceArena: consecutive pieces lie back to back while their chunk has room", "[cuda]") {
+  // What stacked q|k|v and gate|up weights need (Qwen3::stacked): a piece goes after the
+  // previous one when it fits there, not into an older chunk's gap.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  constexpr std::size_t kb = 1024;
+  cuda::DeviceArena arena(0, 1024 * kb);
+  auto* a = static_cast<char*>(arena.allocate(400 * kb));
+  auto* b = static_cast<char*>(arena.allocate(400 * kb));
+  REQUIRE(b == a + 400 * kb);
+  auto* c = static_cast<char*>(arena.allocate(300 * kb));  // 224 KB left in the first chunk
+  auto* d = static_cast<char*>(arena.allocate(200 * kb));  // fits both: goes after c
+  REQUIRE(d == c + 300 * kb);
+  auto* e = static_cast<char*>(arena.allocate(600 * kb));  // past half a chunk: its own
+  REQUIRE(e != nullptr);
+  auto* f = static_cast<char*>(arena.allocate(100 * kb));  // still after d
+  REQUIRE(f == d + 200 * kb);
+  for (auto [p, n] : {std::pair{a, 400}, {b, 400}, {c, 300}, {d, 200}, {e, 600}, {f, 100}})
+    arena.deallocate(p, static_cast<std::size_t>(n) * kb);
 }
 
 namespace {
@@ -425,7 +532,7 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
           INFO("XSERV_CUDA_PREFILL_MMA=" << mma << " WARPS=" << warps << " heads " << g.n_q_heads
                                          << "/" << g.n_kv_heads << " d " << g.head_dim << " seqs "
                                          << seqs->size() << " block " << bs);
-          run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs, true);
+          run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs, false, true);
         }
       }
     }
