@@ -9,16 +9,14 @@
 # this one: `mkdir /tmp/base && tar --exclude=./.devdeps -cf - . | tar -xf - -C /tmp/base`.
 # Steps ($OUT/summary.md holds the tables, $OUT/logs.tgz every log; the device tool returns at
 # most 8 files, so logs go to $OUT/l and are packed at the end):
-#   1. CPU-only Release builds (Ninja, -j16) of this tree in /tmp/bcpu (generate_bench,
-#      stream_read_bench; xserv_tests with TESTS=1) and of BASE_SRC in /tmp/bbase, while
-#      make_random_model.py writes the gpt2, qwen3-0.6b and qwen3-1.7b checkpoints to /tmp/models;
-#   2. with TESTS=1, the CPU op tests and the golden (HF logits) tests (`xserv_tests
-#      "[cpu],[golden]"`; adds about a minute of build);
-#   3. bench/cpu_compare.sh for this tree (GPT-2 and Qwen3-0.6B also with XSERV_CPU_CHUNKS=1) at
-#      2, 8 and 16 pinned threads, with the streaming-read ceiling;
-#   4. the per-op profile of a Qwen3-0.6B decode step at 8 threads (generate_bench --profile);
-#   5. bench/cpu_compare.sh for the baseline.
-# About 3 minutes on 16 cores.
+#   1. CPU-only Release builds (Ninja, -j16) of this tree in /tmp/bcpu (tests, generate_bench,
+#      stream_read_bench) and of BASE_SRC in /tmp/bbase, while make_random_model.py writes the
+#      gpt2, qwen3-0.6b and qwen3-1.7b checkpoints to /tmp/models;
+#   2. the CPU op tests and the golden (HF logits) tests: `xserv_tests "[cpu],[golden]"`;
+#   3. bench/cpu_compare.sh for this tree (Qwen3-0.6B with XSERV_CPU_CHUNKS=1 as a variant) and
+#      for the baseline, at 2, 8 and 16 pinned threads, with the streaming-read ceiling;
+#   4. the per-op profile of a Qwen3-0.6B decode step at 8 threads (generate_bench --profile).
+# About 3 minutes on 16 cores. SKIP_BASE=1 skips the baseline's benchmarks.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 L=$OUT/l
@@ -42,9 +40,7 @@ build() {  # source dir, build dir, targets...
     -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF &&
     cmake --build "$dir" -j16 --target "$@"
 }
-targets=(generate_bench stream_read_bench)
-[ "${TESTS:-0}" = 1 ] && targets+=(xserv_tests)
-build . /tmp/bcpu "${targets[@]}" >"$L/build.log" 2>&1 &
+build . /tmp/bcpu xserv_tests generate_bench stream_read_bench >"$L/build.log" 2>&1 &
 this_build=$!
 base_build=""
 if [ -n "$base_src" ]; then
@@ -54,30 +50,28 @@ fi
 wait "$this_build" || { tail -40 "$L/build.log"; exit 1; }
 stamp "built"
 
-if [ "${TESTS:-0}" = 1 ]; then
-  /tmp/bcpu/tests/xserv_tests "[cpu],[golden]" >"$L/tests.log" 2>&1
-  echo "tests [cpu],[golden]: exit $? ($(tail -2 "$L/tests.log" | tr '\n' ' '))" | tee -a "$OUT/summary.md"
-  stamp "tested"
-fi
+/tmp/bcpu/tests/xserv_tests "[cpu],[golden]" >"$L/tests.log" 2>&1
+echo "tests [cpu],[golden]: exit $? ($(tail -2 "$L/tests.log" | tr '\n' ' '))" | tee "$OUT/summary.md"
+stamp "tested"
 
 wait "$makers"
 stamp "checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
 THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2 qwen3-1.7b" BUILD=/tmp/bcpu REBUILD=0 \
-  VARIANTS="chunks1:XSERV_CPU_CHUNKS=1" VARIANT_MODELS="qwen3-0.6b gpt2" \
-  bench/cpu_compare.sh "$L/cpu_compare_this.md"
+  VARIANTS="chunks1:XSERV_CPU_CHUNKS=1" VARIANT_MODELS=qwen3-0.6b \
+  bench/cpu_compare.sh "$L/cpu_compare_this.md" >/dev/null
 stamp "this tree measured"
-taskset -c 0-7 /tmp/bcpu/bench/generate_bench -m "$MODELS/qwen3-0.6b" --device cpu --threads 8 \
-  --prompt-len 128 --gen-len 32 --repeat 1 --profile >"$L/profile_qwen3-0.6b_8.txt" 2>&1
-stamp "profiled"
-if [ -n "$base_build" ]; then
+if [ -n "$base_build" ] && [ "${SKIP_BASE:-0}" != 1 ]; then
   if wait "$base_build"; then
-    THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2 qwen3-1.7b" BUILD=/tmp/bbase REBUILD=0 \
-      bench/cpu_compare.sh "$L/cpu_compare_base.md"
+    THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2" BUILD=/tmp/bbase REBUILD=0 \
+      bench/cpu_compare.sh "$L/cpu_compare_base.md" >/dev/null
   else
     tail -20 "$L/build_base.log"
   fi
   stamp "baseline measured"
 fi
+taskset -c 0-7 /tmp/bcpu/bench/generate_bench -m "$MODELS/qwen3-0.6b" --device cpu --threads 8 \
+  --prompt-len 128 --gen-len 32 --repeat 1 --profile >"$L/profile_qwen3-0.6b_8.txt" 2>&1
+stamp "profiled"
 
 {
   echo

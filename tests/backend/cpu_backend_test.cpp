@@ -35,10 +35,7 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   const Case cases[] = {{1, 7, 5},    {1, 300, 257}, {2, 64, 33},  {5, 33, 70},  {8, 130, 200},
                         {9, 77, 50},  {13, 256, 129}, {40, 300, 140}, {70, 129, 300}, {3, 0, 4},
                         // GEMV column blocking (4, 2 or 1 columns per pass) with remainders.
-                        {1, 128, 67}, {2, 48, 7}, {3, 40, 9}, {4, 100, 67}, {6, 33, 3},
-                        // One row over in_out weights big enough to split along K (2 slices per
-                        // thread, uneven), partials added with bias and beta.
-                        {1, 1001, 300}, {1, 517, 1031}};
+                        {1, 128, 67}, {2, 48, 7}, {3, 40, 9}, {4, 100, 67}, {6, 33, 3}};
   for (auto& be : every_backend()) {
     for (const auto& c : cases) {
       for (DType wt : kWeightTypes) {

@@ -91,50 +91,6 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
 // model's GEMV (tens of KB, in L2) runs faster on the calling thread than it takes to hand half
 // of it to another one. One loop for q/k/v (gemm_parts) has one hand-off and one tail where
 // three loops have three, and the smallest parts (k, v) no longer end on a mostly idle pool.
-// The GEMV of one row over in_out weights (GPT-2's Conv1D at decode) split along K: each task
-// streams a contiguous block of whole W rows into its own partial sums, then a second loop adds
-// the partials (plus bias and beta * out) column by column. Split along N instead, every task
-// reads a short run of each of the K rows, N apart, which the hardware prefetchers follow
-// poorly. Returns false (nothing done) when W is too small to split.
-bool run_gemv_split_k(ThreadPool& pool, const KernelTable& kt, const GemmProblem& p) {
-  if (p.m != 1 || p.layout != WeightLayout::in_out || pool.size() == 1) return false;
-  const auto row_bytes = static_cast<std::int64_t>(p.n * dtype_size(p.w_dtype));
-  const std::int64_t slices = std::min<std::int64_t>(
-      {2 * static_cast<std::int64_t>(pool.size()), p.k / 4, p.k * row_bytes / min_parallel_bytes()});
-  if (slices < 2) return false;
-  thread_local std::vector<float> partial;  // the calling thread's; the workers get its address
-  partial.resize(static_cast<std::size_t>(slices * p.n));
-  float* const part = partial.data();
-  pool.parallel_for(static_cast<std::size_t>(slices), [&](std::size_t b, std::size_t e) {
-    for (auto s = static_cast<std::int64_t>(b); s < static_cast<std::int64_t>(e); ++s) {
-      const std::int64_t k0 = p.k * s / slices, k1 = p.k * (s + 1) / slices;
-      GemmProblem q = p;
-      q.a = p.a + k0;
-      q.k = k1 - k0;
-      q.w = static_cast<const std::uint8_t*>(p.w) + k0 * row_bytes;
-      q.bias = nullptr;
-      q.beta = 0.0f;
-      q.out = part + s * p.n;
-      q.ldo = p.n;
-      kt.gemm_tile(q, 0, 1, 0, p.n, gemm_scratch());
-    }
-  });
-  const auto grain = static_cast<std::size_t>(
-      std::max<std::int64_t>(1, min_parallel_bytes() / (slices * 64)));
-  pool.parallel_for(static_cast<std::size_t>((p.n + 15) / 16), [&](std::size_t b, std::size_t e) {
-    const std::int64_t n0 = static_cast<std::int64_t>(b) * 16;
-    const std::int64_t n1 = std::min(p.n, static_cast<std::int64_t>(e) * 16);
-    for (std::int64_t n = n0; n < n1; ++n) {
-      float v = part[n];
-      for (std::int64_t s = 1; s < slices; ++s) v += part[s * p.n + n];
-      if (p.bias) v += p.bias[n];
-      if (p.beta != 0.0f) v += p.beta * p.out[n];  // beta == 0 ignores whatever out held
-      p.out[n] = v;
-    }
-  }, grain);
-  return true;
-}
-
 void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProblem> ps) {
   constexpr std::size_t max_parts = 8;
   std::int64_t first_group[max_parts + 1] = {};
@@ -211,7 +167,7 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   const KernelTable& kt = *kernels_;
   const auto threads = static_cast<std::int64_t>(pool_.size());
   if (m <= gemv_max_rows) {
-    if (!run_gemv_split_k(pool_, kt, p)) run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
+    run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
     return;
   }
   const GemmSplit split = split_gemm(m, n, threads);
