@@ -3,12 +3,12 @@
 //
 // Work split: a GEMV (M <= gemv_max_rows, decode) is memory bound, so N is cut into contiguous
 // column ranges and every weight byte is read once; gemm_parts runs the GEMVs of several weights
-// (q/k/v, gate/up) as one such loop. A GEMM (prefill) is cut
-// into column tiles of up to 128, and into row blocks too when there are too few column tiles to
-// keep all threads busy; each task packs its own weight tile. f32 weights with M > gemv_max_rows go to
+// (q/k/v, gate/up) as one such loop. A GEMM (prefill) is cut into column tiles of up to 128, and
+// into row blocks too when the tiles do not share out over the threads (split_gemm); each task
+// packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
-#include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -21,6 +21,9 @@
 
 namespace xserv::cpu {
 namespace {
+
+// The most weights gemm_parts runs as one loop (q/k/v: 3); more go one gemm each.
+constexpr std::size_t max_gemv_parts = 8;
 
 float* gemm_scratch() {
   thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats));
@@ -42,7 +45,7 @@ float* gemm_scratch() {
 // converted bias alive.
 GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                          const Tensor& bias, float beta, std::int64_t out_row_stride,
-                         std::unique_ptr<F32View>& bias_f32) {
+                         std::optional<F32View>& bias_f32) {
   constexpr const char* op = "gemm";
   check_dtype(op, "a", a, DType::f32);
   check_dtype(op, "out", out, DType::f32);
@@ -69,7 +72,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   check_data(op, "a", a);
   check_data(op, "w", w);
   check_data(op, "out", out);
-  bias_f32 = std::make_unique<F32View>(bias);
+  bias_f32.emplace(bias);
   GemmProblem p;
   p.a = a.as<const float>();
   p.m = m;
@@ -92,8 +95,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
 // of it to another one. One loop for q/k/v (gemm_parts) has one hand-off and one tail where
 // three loops have three, and the smallest parts (k, v) no longer end on a mostly idle pool.
 void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProblem> ps) {
-  constexpr std::size_t max_parts = 8;
-  std::int64_t first_group[max_parts + 1] = {};
+  std::int64_t first_group[max_gemv_parts + 1] = {};
   std::int64_t group_bytes = 1;
   for (std::size_t i = 0; i < ps.size(); ++i) {
     first_group[i + 1] = first_group[i] + (ps[i].n + 15) / 16;
@@ -146,7 +148,7 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
 
 void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                       const Tensor& bias, float beta, std::int64_t out_row_stride) {
-  std::unique_ptr<F32View> bias_f32;
+  std::optional<F32View> bias_f32;
   const GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
   const std::int64_t m = p.m, n = p.n;
   if (m == 0 || n == 0) return;
@@ -185,30 +187,26 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   });
 }
 
-}  // namespace xserv::cpu
-
-namespace xserv::cpu {
-
 void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
                             std::span<const Tensor> biases) {
   check_gemm_parts(out, ws, biases);
   XSERV_CHECK(a.shape.rank() == 2, ErrorCode::invalid_argument, "gemm_parts: a {} must be 2-D", a.shape);
   // Prefill GEMMs are long enough that one loop each costs nothing.
-  if (a.shape[0] > gemv_max_rows || ws.size() > 8) {
+  if (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts) {
     Backend::gemm_parts(out, a, ws, biases);
     return;
   }
-  std::vector<GemmProblem> ps;
-  std::vector<std::unique_ptr<F32View>> bias_f32(ws.size());
+  GemmProblem ps[max_gemv_parts];
+  std::optional<F32View> bias_f32[max_gemv_parts];
   std::int64_t col = 0;
   for (std::size_t i = 0; i < ws.size(); ++i) {
     const std::int64_t n = ws[i].shape[0];
-    ps.push_back(make_problem(column_slice(out, col, n), a, ws[i], WeightLayout::out_in,
-                              biases.empty() ? Tensor{} : biases[i], 0.0f, out.shape[1], bias_f32[i]));
+    ps[i] = make_problem(column_slice(out, col, n), a, ws[i], WeightLayout::out_in,
+                         biases.empty() ? Tensor{} : biases[i], 0.0f, out.shape[1], bias_f32[i]);
     col += n;
   }
   if (a.shape[0] == 0 || out.shape[1] == 0) return;
-  run_gemv(pool_, *kernels_, ps);
+  run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
 }
 
 }  // namespace xserv::cpu
