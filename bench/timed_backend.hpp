@@ -80,6 +80,14 @@ class TimedBackend final : public Backend {
                                         a.shape[0], w.shape, dtype_name(w.dtype));
     time(key, [&] { inner_->gemm(out, a, w, layout, bias, beta, out_row_stride); });
   }
+  void gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
+                  std::span<const Tensor> biases) override {
+    std::string shapes;
+    for (const Tensor& w : ws) shapes += fmt::format("{}{}", shapes.empty() ? "" : " + ", w.shape);
+    const std::string key = fmt::format("gemm_parts M={} {} {}", a.shape[0], shapes,
+                                        ws.empty() ? "" : dtype_name(ws[0].dtype));
+    time(key, [&] { inner_->gemm_parts(out, a, ws, biases); });
+  }
   void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                      const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch) override {
     // Through the base implementation, so its rms_norm / gemm / swiglu steps are timed one by one.

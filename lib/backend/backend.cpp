@@ -11,6 +11,40 @@
 
 namespace xserv {
 
+void Backend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
+                         std::span<const Tensor> biases) {
+  check_gemm_parts(out, ws, biases);
+  const std::int64_t width = out.shape[1];
+  std::int64_t col = 0;
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const std::int64_t n = ws[i].shape[0];
+    gemm(column_slice(out, col, n), a, ws[i], WeightLayout::out_in,
+         biases.empty() ? Tensor{} : biases[i], 0.0f, width);
+    col += n;
+  }
+}
+
+void check_gemm_parts(const Tensor& out, std::span<const Tensor> ws, std::span<const Tensor> biases) {
+  XSERV_CHECK(biases.empty() || biases.size() == ws.size(), ErrorCode::invalid_argument,
+              "gemm_parts: {} biases for {} weights", biases.size(), ws.size());
+  XSERV_CHECK(out.shape.rank() == 2, ErrorCode::invalid_argument,
+              "gemm_parts: out {} must be 2-D", out.shape);
+  std::int64_t cols = 0;
+  for (const Tensor& w : ws) {
+    XSERV_CHECK(w.shape.rank() == 2, ErrorCode::invalid_argument,
+                "gemm_parts: weight {} must be 2-D", w.shape);
+    cols += w.shape[0];
+  }
+  XSERV_CHECK(cols == out.shape[1], ErrorCode::invalid_argument,
+              "gemm_parts: the weights give {} columns, out {} has {}", cols, out.shape, out.shape[1]);
+}
+
+Tensor column_slice(const Tensor& packed, std::int64_t col, std::int64_t n) {
+  auto* base = static_cast<std::uint8_t*>(packed.data) +
+               static_cast<std::size_t>(col) * dtype_size(packed.dtype);
+  return Tensor(base, packed.dtype, {packed.shape[0], n}, packed.device);
+}
+
 void Backend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                             const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch) {
   rms_norm(h_scratch, x, {}, norm_weight, eps);

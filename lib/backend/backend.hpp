@@ -153,6 +153,15 @@ class Backend {
   virtual void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                     const Tensor& bias, float beta = 0.0f, std::int64_t out_row_stride = 0) = 0;
 
+  // Several out_in GEMMs of one activation side by side, as gemm() once per part:
+  //   out[:, c_i : c_i + N_i] = a · W_i^T + bias_i     (W_i [N_i, K]; c_0 = 0, c_i+1 = c_i + N_i)
+  // out's width is the sum of the N_i; biases is empty or has one tensor (empty or [N_i]) per
+  // part. A backend may run them as one op: the CPU backend streams all the parts' weights in one
+  // pass of its threads at decode (q/k/v, gate/up kept apart in the checkpoint), one hand-off and
+  // one tail instead of one per part.
+  virtual void gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
+                          std::span<const Tensor> biases);
+
   // The input side of a pre-norm block as one op, which a backend may run as one kernel:
   //   h = RMSNorm(x) * norm_weight        (as rms_norm without a residual)
   //   y = h · W                            (W out_in [N, K])
@@ -229,6 +238,12 @@ class Backend {
   // replays stay in use as batches change instead of one recording per step.
   virtual std::size_t recorded_graphs() const noexcept { return 0; }
 };
+
+// gemm_parts' argument checks (shared by the implementations): one bias or none per weight,
+// 2-D tensors, the weights' rows adding up to out's width.
+void check_gemm_parts(const Tensor& out, std::span<const Tensor> ws, std::span<const Tensor> biases);
+// Columns [col, col + n) of a packed [T, width] activation, for a GEMM with out_row_stride.
+Tensor column_slice(const Tensor& packed, std::int64_t col, std::int64_t n);
 
 // Creates the backend for a device kind. Throws Error(unsupported) for CUDA when xserv was
 // built without it, Error(cuda) when no GPU can be used.

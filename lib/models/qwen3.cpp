@@ -25,7 +25,7 @@ class Qwen3 final : public Model {
     Tensor in_norm, q_w, k_w, v_w, q_b, k_b, v_b, q_norm, k_norm, o_w, post_norm;
     Tensor gate_w, up_w, down_w;
     // q|k|v and gate|up as single [rows, hidden] weights when they sit back to back in memory
-    // (see stacked()); empty otherwise, and the separate GEMMs run instead.
+    // (see stacked()); empty otherwise, and gemm_parts over the separate weights runs instead.
     Tensor qkv_w, gate_up_w;
   };
   Tensor embed, final_norm, lm_head;
@@ -115,7 +115,8 @@ class Qwen3 final : public Model {
   // GEMV over the stacked weight instead of three (two) small ones, with the RMSNorm before it
   // and the SwiGLU after it fused in (rms_norm_gemm): fewer launches, no tail of a small grid.
   // Views into the mmap'd checkpoint (CPU) are adjacent only by chance; then the
-  // separate GEMMs, with the same result, run.
+  // separate weights go to gemm_parts (one pass of the CPU threads over all of them), with the
+  // same result.
   static Tensor stacked(std::initializer_list<const Tensor*> parts) {
     const Tensor& first = **parts.begin();
     std::int64_t rows = 0;
@@ -130,20 +131,11 @@ class Qwen3 final : public Model {
     return Tensor(first.data, first.dtype, {rows, first.shape[1]}, first.device);
   }
 
-  // Columns [col, col + n) of a packed [t, width] activation, for a GEMM with out_row_stride.
-  static Tensor columns(const Tensor& packed, std::int64_t t, std::int64_t col, std::int64_t n) {
-    auto* base = static_cast<std::uint8_t*>(packed.data) +
-                 static_cast<std::size_t>(col) * dtype_size(packed.dtype);
-    return Tensor(base, packed.dtype, {t, n}, packed.device);
-  }
-
   Tensor run(const DeviceBatch& b, kv::KvCache& cache) override {
     Backend& be = backend_;
     const auto& c = config_;
     const std::int64_t t = b.num_tokens, r = b.num_logit_rows;
-    const std::int64_t hd = c.head_dim, q_out = heads.n_q_heads * hd,
-                       kv_out = heads.n_kv_heads * hd;
-    const std::int64_t width = heads.qkv_width(), inner = shard_.inner;
+    const std::int64_t hd = c.head_dim;
     const float beta = residual_beta();
     Tensor xt = x.rows(0, t), ht = h.rows(0, t), qkvt = qkv.rows(0, t), at = attn.rows(0, t),
            gu = gate_up.rows(0, t), actt = act.rows(0, t);
@@ -156,10 +148,8 @@ class Qwen3 final : public Model {
         be.rms_norm_gemm(qkvt, xt, l.in_norm, c.norm_eps, l.qkv_w, false, ht, {});
       } else {
         be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
-        be.gemm(columns(qkvt, t, 0, q_out), ht, l.q_w, WeightLayout::out_in, l.q_b, 0.0f, width);
-        be.gemm(columns(qkvt, t, q_out, kv_out), ht, l.k_w, WeightLayout::out_in, l.k_b, 0.0f, width);
-        be.gemm(columns(qkvt, t, q_out + kv_out, kv_out), ht, l.v_w, WeightLayout::out_in, l.v_b,
-                0.0f, width);
+        const Tensor ws[] = {l.q_w, l.k_w, l.v_w}, bs[] = {l.q_b, l.k_b, l.v_b};
+        be.gemm_parts(qkvt, ht, ws, bs);
       }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
@@ -169,8 +159,8 @@ class Qwen3 final : public Model {
         be.rms_norm_gemm(actt, xt, l.post_norm, c.norm_eps, l.gate_up_w, true, ht, gu);
       } else {
         be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
-        be.gemm(columns(gu, t, 0, inner), ht, l.gate_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
-        be.gemm(columns(gu, t, inner, inner), ht, l.up_w, WeightLayout::out_in, {}, 0.0f, 2 * inner);
+        const Tensor ws[] = {l.gate_w, l.up_w};
+        be.gemm_parts(gu, ht, ws, {});
         be.swiglu(actt, gu);
       }
       be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, beta);  // x += mlp

@@ -88,6 +88,96 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   }
 }
 
+TEST_CASE("cpu gemm_parts matches a naive reference, one part per column range", "[cpu]") {
+  std::mt19937 rng(11);
+  // Parts as q/k/v (with and without biases) and gate/up; M = 1..8 runs one GEMV loop over all
+  // parts, M = 9 the per-part GEMMs. Part widths not multiples of 16 cross the column groups.
+  const std::vector<std::int64_t> part_sets[] = {{40, 8, 8}, {33, 17, 70}, {64, 64}, {5}};
+  for (auto& be : every_backend()) {
+    for (const std::int64_t m : {1, 3, 8, 9}) {
+      for (const auto& parts : part_sets) {
+        for (DType wt : kWeightTypes) {
+          const bool with_bias = parts.size() == 3 && m != 3;
+          const std::int64_t k = 70 + m;
+          std::int64_t width = 0;
+          for (auto n : parts) width += n;
+          INFO(be->name() << " m=" << m << " parts=" << parts.size() << " width=" << width
+                          << " w=" << dtype_name(wt) << " bias=" << with_bias);
+          auto a = random_floats(rng, static_cast<std::size_t>(m * k));
+          std::vector<TypedWeight> w, b;
+          std::vector<Tensor> wt_views, b_views;
+          for (auto n : parts) {
+            w.push_back(make_weight(rng, static_cast<std::size_t>(n * k), wt));
+            b.push_back(make_weight(rng, static_cast<std::size_t>(n), wt));
+          }
+          for (std::size_t i = 0; i < parts.size(); ++i) {
+            wt_views.push_back(w[i].tensor({parts[i], k}));
+            if (with_bias) b_views.push_back(b[i].tensor({parts[i]}));
+          }
+          std::vector<float> got(static_cast<std::size_t>(m * width), NAN);
+          be->gemm_parts(view(got, {m, width}), view(a, {m, k}), wt_views, b_views);
+          std::vector<double> want(got.size());
+          std::vector<double> mag(got.size());
+          std::int64_t col = 0;
+          for (std::size_t i = 0; i < parts.size(); ++i) {
+            for (std::int64_t r = 0; r < m; ++r)
+              for (std::int64_t j = 0; j < parts[i]; ++j) {
+                double s = with_bias ? b[i].values[static_cast<std::size_t>(j)] : 0.0, s_abs = 1.0;
+                for (std::int64_t kk = 0; kk < k; ++kk) {
+                  const double p = a[static_cast<std::size_t>(r * k + kk)] *
+                                   static_cast<double>(w[i].values[static_cast<std::size_t>(j * k + kk)]);
+                  s += p;
+                  s_abs += std::abs(p);
+                }
+                const auto o = static_cast<std::size_t>(r * width + col + j);
+                want[o] = s;
+                mag[o] = s_abs;
+              }
+            col += parts[i];
+          }
+          for (std::size_t o = 0; o < got.size(); ++o) {
+            INFO("element " << o << " got " << got[o] << " want " << want[o]);
+            REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu gemm_parts rejects parts that do not fill out and a wrong bias count", "[cpu]") {
+  CpuBackend be(BackendOptions{2, 0});
+  std::vector<float> a(6), w0(12), w1(6), out(14), bias(4);
+  const Tensor ws[] = {view(w0, {4, 3}), view(w1, {2, 3})};
+  const Tensor one_bias[] = {view(bias, {4})};
+  REQUIRE_NOTHROW(be.gemm_parts(view(out, {2, 6}), view(a, {2, 3}), ws, {}));
+  REQUIRE_THROWS_WITH(be.gemm_parts(view(out, {2, 7}), view(a, {2, 3}), ws, {}),
+                      Catch::Contains("gemm_parts") && Catch::Contains("6 columns"));
+  REQUIRE_THROWS_WITH(be.gemm_parts(view(out, {2, 6}), view(a, {2, 3}), ws, one_bias),
+                      Catch::Contains("1 biases for 2 weights"));
+  std::vector<float> a_wrong_k(4);
+  REQUIRE_THROWS_AS(be.gemm_parts(view(out, {2, 6}), view(a_wrong_k, {2, 2}), ws, {}), Error);
+}
+
+TEST_CASE("cpu prefill GEMM split: whole tiles of 32 to 128 columns, row blocks only when needed",
+          "[cpu]") {
+  for (std::int64_t threads : {1, 2, 3, 8, 16})
+    for (std::int64_t m : {9, 96, 128, 512})
+      for (std::int64_t n : {5, 100, 768, 1024, 2304, 3072, 151936}) {
+        const cpu::GemmSplit s = cpu::split_gemm(m, n, threads);
+        INFO("threads " << threads << " m " << m << " n " << n << ": tile " << s.tile_n
+                        << " row blocks " << s.row_blocks);
+        REQUIRE((s.tile_n % 32 == 0 && s.tile_n >= 32 && s.tile_n <= 128));
+        REQUIRE((s.row_blocks >= 1 && (s.row_blocks == 1 || m / s.row_blocks >= 48)));
+        const std::int64_t col_tiles = (n + s.tile_n - 1) / s.tile_n;
+        // Column tiles that share out evenly never get row blocks (the weights are packed once).
+        if (col_tiles % threads == 0) REQUIRE(s.row_blocks == 1);
+      }
+  // GPT-2's 768-wide GEMMs of a 128-token prompt at 8 threads: 3 tiles of 32 per thread.
+  const cpu::GemmSplit g = cpu::split_gemm(128, 768, 8);
+  REQUIRE((g.tile_n == 32 && g.row_blocks == 1));
+}
+
 TEST_CASE("cpu gemm rejects mismatched shapes and dtypes", "[cpu]") {
   CpuBackend be(BackendOptions{2, 0});
   std::vector<float> a(6), w(12), out(8);

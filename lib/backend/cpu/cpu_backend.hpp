@@ -47,6 +47,8 @@ class CpuBackend final : public Backend {
                 float eps) override;
   void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
             float beta = 0.0f, std::int64_t out_row_stride = 0) override;
+  void gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
+                  std::span<const Tensor> biases) override;
   void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                           const DeviceBatch& batch, KvLayer cache) override;
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
@@ -78,6 +80,13 @@ class CpuBackend final : public Backend {
 // 128 KB from L2 take; with it the embedded model's layers run inline and its decode step has one
 // parallel loop (the lm_head) instead of ~25 (docs/cpu.md). XSERV_CPU_PARALLEL_KB overrides it.
 std::int64_t min_parallel_bytes();
+
+// How a prefill GEMM (M > gemv_max_rows) is cut into tasks for `threads` threads: column tiles
+// of tile_n times row_blocks row ranges (cpu_gemm.cpp says how it is chosen).
+struct GemmSplit {
+  std::int64_t tile_n = 128, row_blocks = 1;
+};
+GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
 
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
 // (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.

@@ -1,12 +1,15 @@
 // CpuBackend::gemm: out[M, N] = a[M, K] · W + bias + beta * out, W in_out [K, N] or out_in
 // [N, K] in f32/bf16/f16, accumulated in f32.
 //
-// Work split: a GEMV (M <= gemv_max_rows, decode) is memory bound, so N is cut into one
-// contiguous column range per thread and every weight byte is read once. A GEMM (prefill) is cut
-// into column tiles of up to 128, and into row blocks too when there are too few column tiles to
-// keep all threads busy; each task packs its own weight tile. f32 weights with M > gemv_max_rows go to
+// Work split: a GEMV (M <= gemv_max_rows, decode) is memory bound, so N is cut into contiguous
+// column ranges and every weight byte is read once; gemm_parts runs the GEMVs of several weights
+// (q/k/v, gate/up) as one such loop. A GEMM (prefill) is cut into column tiles of up to 128, and
+// into row blocks too when the tiles do not share out over the threads (split_gemm); each task
+// packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -18,6 +21,9 @@
 
 namespace xserv::cpu {
 namespace {
+
+// The most weights gemm_parts runs as one loop (q/k/v: 3); more go one gemm each.
+constexpr std::size_t max_gemv_parts = 8;
 
 float* gemm_scratch() {
   thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats));
@@ -35,10 +41,11 @@ float* gemm_scratch() {
   }, 16);
 }
 
-}  // namespace
-
-void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
-                      const Tensor& bias, float beta, std::int64_t out_row_stride) {
+// Checks one GEMM's arguments (as gemm() documents them) and describes it; bias_f32 keeps a
+// converted bias alive.
+GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                         const Tensor& bias, float beta, std::int64_t out_row_stride,
+                         std::optional<F32View>& bias_f32) {
   constexpr const char* op = "gemm";
   check_dtype(op, "a", a, DType::f32);
   check_dtype(op, "out", out, DType::f32);
@@ -65,9 +72,7 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   check_data(op, "a", a);
   check_data(op, "w", w);
   check_data(op, "out", out);
-  if (m == 0 || n == 0) return;
-
-  const F32View bias_f32(bias);
+  bias_f32.emplace(bias);
   GemmProblem p;
   p.a = a.as<const float>();
   p.m = m;
@@ -76,19 +81,87 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   p.w = w.data;
   p.w_dtype = w.dtype;
   p.layout = layout;
-  p.bias = bias_f32.get();
+  p.bias = bias_f32->get();
   p.beta = beta;
   p.out = out.as<float>();
   p.ldo = ldo;
+  return p;
+}
+
+// GEMVs (M <= gemv_max_rows) of several problems in one parallel loop over their output
+// columns in 16-column groups (cache lines of f32 output), so each chunk streams contiguous
+// slices of out_in weights; chunks hold at least min_parallel_bytes() of weights: a small
+// model's GEMV (tens of KB, in L2) runs faster on the calling thread than it takes to hand half
+// of it to another one. One loop for q/k/v (gemm_parts) has one hand-off and one tail where
+// three loops have three, and the smallest parts (k, v) no longer end on a mostly idle pool.
+void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProblem> ps) {
+  std::int64_t first_group[max_gemv_parts + 1] = {};
+  std::int64_t group_bytes = 1;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    first_group[i + 1] = first_group[i] + (ps[i].n + 15) / 16;
+    group_bytes = std::max<std::int64_t>(
+        group_bytes, static_cast<std::int64_t>(16 * ps[i].k * dtype_size(ps[i].w_dtype)));
+  }
+  const auto grain = static_cast<std::size_t>(std::max<std::int64_t>(1, min_parallel_bytes() / group_bytes));
+  pool.parallel_for(static_cast<std::size_t>(first_group[ps.size()]), [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const std::int64_t g0 = std::max<std::int64_t>(static_cast<std::int64_t>(b), first_group[i]);
+      const std::int64_t g1 = std::min<std::int64_t>(static_cast<std::int64_t>(e), first_group[i + 1]);
+      if (g0 >= g1) continue;
+      const GemmProblem& p = ps[i];
+      kt.gemm_tile(p, 0, p.m, (g0 - first_group[i]) * 16,
+                   std::min(p.n, (g1 - first_group[i]) * 16), gemm_scratch());
+    }
+  }, grain);
+}
+
+}  // namespace
+
+// Tasks of a prefill GEMM: column tiles tile_n wide (a multiple of 32, at most 128) times row
+// blocks. Chosen for the least time on the busiest thread: rounds of tasks (ceil(tasks /
+// threads), claimed dynamically) times one task's cost, its rows plus the packing of its weight
+// tile, which costs about pack_rows rows of compute (the tile comes from DRAM, strided, and is
+// widened). Every row block packs the weights once more, so they pay only when there are too few
+// column tiles for the threads. Among equal costs the split with more tasks wins while there are
+// fewer than 4 per thread (a descheduled thread then holds up less).
+// GPT-2's N = 768 at 8 threads, M = 128: 24 tiles of 32 (3 per thread); the old rule (4 tasks per
+// thread by narrowing to 32, then halving rows) gave 48 tasks that packed every weight twice.
+GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
+  constexpr std::int64_t min_rows = 48, pack_rows = 32;
+  GemmSplit best;
+  std::int64_t best_cost = -1, best_tasks = 0;
+  for (std::int64_t tile_n = 128; tile_n >= 32; tile_n -= 32) {
+    for (std::int64_t rb = 1; rb == 1 || m / rb >= min_rows; rb *= 2) {
+      const std::int64_t tasks = (n + tile_n - 1) / tile_n * rb;
+      const std::int64_t rounds = (tasks + threads - 1) / threads;
+      const std::int64_t cost = rounds * std::min(tile_n, n) * ((m + rb - 1) / rb + pack_rows);
+      if (best_cost < 0 || cost < best_cost ||
+          (cost == best_cost && tasks > best_tasks && best_tasks < 4 * threads)) {
+        best = {tile_n, rb};
+        best_cost = cost;
+        best_tasks = tasks;
+      }
+    }
+  }
+  return best;
+}
+
+void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                      const Tensor& bias, float beta, std::int64_t out_row_stride) {
+  std::optional<F32View> bias_f32;
+  const GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
+  const std::int64_t m = p.m, n = p.n;
+  if (m == 0 || n == 0) return;
 
 #ifdef XSERV_HAVE_BLAS
-  if (use_blas_ && w.dtype == DType::f32 && m > gemv_max_rows && k > 0) {
+  if (use_blas_ && w.dtype == DType::f32 && m > gemv_max_rows && p.k > 0) {
     const bool plain = !p.bias && beta == 0.0f;
     if (!plain) apply_epilogue(pool_, p);
+    const bool out_in = layout == WeightLayout::out_in;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, out_in ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, p.a,
-                static_cast<int>(k), w.as<const float>(), static_cast<int>(out_in ? k : n),
-                plain ? 0.0f : 1.0f, p.out, static_cast<int>(ldo));
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(p.k), 1.0f, p.a,
+                static_cast<int>(p.k), w.as<const float>(), static_cast<int>(out_in ? p.k : n),
+                plain ? 0.0f : 1.0f, p.out, static_cast<int>(p.ldo));
     return;
   }
 #endif
@@ -96,27 +169,12 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
   const KernelTable& kt = *kernels_;
   const auto threads = static_cast<std::int64_t>(pool_.size());
   if (m <= gemv_max_rows) {
-    // Column ranges of whole 16-column groups (cache lines of f32 output), each at least
-    // min_parallel_bytes() of weights: a small model's GEMV (tens of KB, in L2) runs faster on
-    // the calling thread than it takes to hand half of it to another one.
-    const std::int64_t groups = (n + 15) / 16;
-    const auto group_bytes = static_cast<std::int64_t>(16 * k * dtype_size(w.dtype));
-    const auto grain = static_cast<std::size_t>(
-        std::max<std::int64_t>(1, min_parallel_bytes() / std::max<std::int64_t>(group_bytes, 1)));
-    pool_.parallel_for(static_cast<std::size_t>(groups), [&](std::size_t b, std::size_t e) {
-      kt.gemm_tile(p, 0, m, static_cast<std::int64_t>(b) * 16,
-                   std::min(n, static_cast<std::int64_t>(e) * 16), gemm_scratch());
-    }, grain);
+    run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
     return;
   }
-  // Enough tasks for every thread: narrower column tiles first (down to two 16-float registers
-  // wide), then row blocks of at least min_rows (each packs the weight tile once more).
-  constexpr std::int64_t min_rows = 48;
-  std::int64_t tile_n = 128;
-  while ((n + tile_n - 1) / tile_n < 4 * threads && tile_n > 32) tile_n /= 2;
+  const GemmSplit split = split_gemm(m, n, threads);
+  const std::int64_t tile_n = split.tile_n, row_blocks = split.row_blocks;
   const std::int64_t col_tiles = (n + tile_n - 1) / tile_n;
-  std::int64_t row_blocks = 1;
-  while (col_tiles * row_blocks < 4 * threads && m / (row_blocks * 2) >= min_rows) row_blocks *= 2;
   const std::int64_t tasks = col_tiles * row_blocks;
   pool_.parallel_for(static_cast<std::size_t>(tasks), [&](std::size_t b, std::size_t e) {
     float* scratch = gemm_scratch();
@@ -127,6 +185,28 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
                    std::min(n, (ct + 1) * tile_n), scratch);
     }
   });
+}
+
+void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
+                            std::span<const Tensor> biases) {
+  check_gemm_parts(out, ws, biases);
+  XSERV_CHECK(a.shape.rank() == 2, ErrorCode::invalid_argument, "gemm_parts: a {} must be 2-D", a.shape);
+  // Prefill GEMMs are long enough that one loop each costs nothing.
+  if (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts) {
+    Backend::gemm_parts(out, a, ws, biases);
+    return;
+  }
+  GemmProblem ps[max_gemv_parts];
+  std::optional<F32View> bias_f32[max_gemv_parts];
+  std::int64_t col = 0;
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const std::int64_t n = ws[i].shape[0];
+    ps[i] = make_problem(column_slice(out, col, n), a, ws[i], WeightLayout::out_in,
+                         biases.empty() ? Tensor{} : biases[i], 0.0f, out.shape[1], bias_f32[i]);
+    col += n;
+  }
+  if (a.shape[0] == 0 || out.shape[1] == 0) return;
+  run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
 }
 
 }  // namespace xserv::cpu

@@ -15,7 +15,11 @@ std::vector<const KernelTable*> supported_kernels() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     v.push_back(&avx2::table);
-    if (__builtin_cpu_supports("avx512f")) v.push_back(&avx512::table);
+    // F + BW + DQ + VL: every AVX-512 CPU since Skylake-SP (BW gives the 16-bit widening
+    // vpmovzxwd zmm that bf16/f16 weights need; without it GCC splits it into halves).
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+      v.push_back(&avx512::table);
   }
 #endif
   return v;

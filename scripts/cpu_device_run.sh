@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 16 on the GPU machine's CPU in one command, no CUDA build: this tree's CPU backend next
+# to a baseline tree's, on the same machine and cores (machines of that kind differ by up to 60%
+# from one call to the next, so only figures of one call compare).
+#
+#   scripts/cpu_device_run.sh [BASE_SRC]       (from the repository root, .devdeps carried)
+#
+# BASE_SRC: a copy of the tree to compare against, e.g. made before a patch was unpacked over
+# this one: `mkdir /tmp/base && tar --exclude=./.devdeps -cf - . | tar -xf - -C /tmp/base`.
+# Steps ($OUT/summary.md holds the tables, $OUT/logs.tgz every log; the device tool returns at
+# most 8 files, so logs go to $OUT/l and are packed at the end):
+#   1. CPU-only Release builds (Ninja, -j16) of this tree in /tmp/bcpu (tests, generate_bench,
+#      stream_read_bench) and of BASE_SRC in /tmp/bbase, while make_random_model.py writes the
+#      gpt2, qwen3-0.6b and qwen3-1.7b checkpoints to /tmp/models;
+#   2. the CPU op tests and the golden (HF logits) tests: `xserv_tests "[cpu],[golden]"`;
+#   3. bench/cpu_compare.sh for this tree (Qwen3-0.6B with XSERV_CPU_CHUNKS=1 as a variant) and
+#      for the baseline, at 2, 8 and 16 pinned threads, with the streaming-read ceiling;
+#   4. the per-op profile of a Qwen3-0.6B decode step at 8 threads (generate_bench --profile).
+# About 3 minutes on 16 cores. SKIP_BASE=1 skips the baseline's benchmarks.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+L=$OUT/l
+mkdir -p "$L"
+base_src=${1:-}
+source scripts/device-env.sh
+export MODELS=/tmp/models PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+
+(mkdir -p "$MODELS"
+ for m in qwen3-0.6b gpt2 qwen3-1.7b; do
+   [ -f "$MODELS/$m/config.json" ] || python3 .devdeps/tools/make_random_model.py "$MODELS" "$m"
+ done) >"$L/models.log" 2>&1 &
+makers=$!
+
+build() {  # source dir, build dir, targets...
+  local src=$1 dir=$2
+  shift 2
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXSERV_CUDA=OFF \
+    -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF &&
+    cmake --build "$dir" -j16 --target "$@"
+}
+build . /tmp/bcpu xserv_tests generate_bench stream_read_bench >"$L/build.log" 2>&1 &
+this_build=$!
+base_build=""
+if [ -n "$base_src" ]; then
+  build "$base_src" /tmp/bbase generate_bench stream_read_bench >"$L/build_base.log" 2>&1 &
+  base_build=$!
+fi
+wait "$this_build" || { tail -40 "$L/build.log"; exit 1; }
+stamp "built"
+
+/tmp/bcpu/tests/xserv_tests "[cpu],[golden]" >"$L/tests.log" 2>&1
+echo "tests [cpu],[golden]: exit $? ($(tail -2 "$L/tests.log" | tr '\n' ' '))" | tee "$OUT/summary.md"
+stamp "tested"
+
+wait "$makers"
+stamp "checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
+THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2 qwen3-1.7b" BUILD=/tmp/bcpu REBUILD=0 \
+  VARIANTS="chunks1:XSERV_CPU_CHUNKS=1" VARIANT_MODELS=qwen3-0.6b \
+  bench/cpu_compare.sh "$L/cpu_compare_this.md" >/dev/null
+stamp "this tree measured"
+if [ -n "$base_build" ] && [ "${SKIP_BASE:-0}" != 1 ]; then
+  if wait "$base_build"; then
+    THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2" BUILD=/tmp/bbase REBUILD=0 \
+      bench/cpu_compare.sh "$L/cpu_compare_base.md" >/dev/null
+  else
+    tail -20 "$L/build_base.log"
+  fi
+  stamp "baseline measured"
+fi
+taskset -c 0-7 /tmp/bcpu/bench/generate_bench -m "$MODELS/qwen3-0.6b" --device cpu --threads 8 \
+  --prompt-len 128 --gen-len 32 --repeat 1 --profile >"$L/profile_qwen3-0.6b_8.txt" 2>&1
+stamp "profiled"
+
+{
+  echo
+  echo "## this tree"
+  cat "$L/cpu_compare_this.md"
+  if [ -f "$L/cpu_compare_base.md" ]; then
+    echo
+    echo "## baseline"
+    cat "$L/cpu_compare_base.md"
+  fi
+  echo
+  echo "## profile, Qwen3-0.6B, 8 threads (this tree)"
+  sed -n '/^profile/,$p' "$L/profile_qwen3-0.6b_8.txt" | head -24
+} | tee -a "$OUT/summary.md"
+tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
