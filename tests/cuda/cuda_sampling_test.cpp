@@ -23,6 +23,19 @@ SamplingRow row_of(float t, std::int32_t k, float p, float mp, std::uint64_t see
   return r;
 }
 
+// A short prompt and output history for every row (what the penalties read), ids spread over
+// the vocabulary.
+void add_histories(SamplingBatch& sb, std::int64_t vocab) {
+  sb.prompt_start.assign(1, 0);
+  sb.output_start.assign(1, 0);
+  for (std::size_t r = 0; r < sb.rows.size(); ++r) {
+    for (std::size_t i = 0; i < 5; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>((r * 13 + i * 7) % vocab));
+    for (std::size_t i = 0; i < 3; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>((r * 5 + i) % vocab));
+    sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
+    sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda sample matches the CPU backend", "[cuda]") {
@@ -75,14 +88,7 @@ TEST_CASE("cuda sample, split-row top-k path, matches the CPU backend", "[cuda]"
         sb.rows.push_back(row_of(2.0f, k_big, 0.5f, 0.3f, s));   // min-p cuts inside top-p
       }
       for (std::size_t r = 0; r < sb.rows.size(); r += 3) sb.rows[r].repetition_penalty = 1.3f;
-      sb.prompt_start.push_back(0);
-      sb.output_start.push_back(0);
-      for (std::size_t r = 0; r < sb.rows.size(); ++r) {
-        for (int i = 0; i < 5; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>((r * 13 + i * 7) % vocab));
-        for (int i = 0; i < 3; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>((r * 5 + i) % vocab));
-        sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
-        sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
-      }
+      add_histories(sb, vocab);
       const auto rows = static_cast<std::int64_t>(sb.rows.size());
       INFO("vocab " << vocab << " k " << k_big);
       auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
@@ -120,14 +126,7 @@ TEST_CASE("cuda sample, many blocks per row, matches the CPU backend", "[cuda]")
     }
     for (std::size_t r = 0; r < sb.rows.size(); r += 4) sb.rows[r].repetition_penalty = 1.3f;
     for (std::size_t r = 1; r < sb.rows.size(); r += 5) sb.rows[r].frequency_penalty = 0.4f;
-    sb.prompt_start.push_back(0);
-    sb.output_start.push_back(0);
-    for (std::size_t r = 0; r < sb.rows.size(); ++r) {
-      for (int i = 0; i < 6; ++i) sb.prompt_tokens.push_back(static_cast<std::int32_t>((r * 11 + i * 5) % vocab));
-      for (int i = 0; i < 4; ++i) sb.output_tokens.push_back(static_cast<std::int32_t>((r * 3 + i) % vocab));
-      sb.prompt_start.push_back(static_cast<std::int32_t>(sb.prompt_tokens.size()));
-      sb.output_start.push_back(static_cast<std::int32_t>(sb.output_tokens.size()));
-    }
+    add_histories(sb, vocab);
     const auto rows = static_cast<std::int64_t>(sb.rows.size());
     // Half the rows peaked (normals, std 3), half nearly flat: a shuffled ramp over [0, 0.5), so
     // top-p keeps most of the vocabulary and the probabilities stay distinct in float (random
