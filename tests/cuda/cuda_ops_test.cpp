@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
 #include "cuda_test_util.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 using namespace xserv::test;
@@ -448,10 +449,7 @@ TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks again
   // separate ops. Tolerances as the separate ops' test: the fused kernel reorders the f32 sums.
   // The path is opt-in (XSERV_CUDA_FUSED_ATTN, read when the backend is made): on here.
   XSERV_REQUIRE_CUDA_DEVICE();
-  struct FusedOn {
-    FusedOn() { ::setenv("XSERV_CUDA_FUSED_ATTN", "1024", 1); }
-    ~FusedOn() { ::unsetenv("XSERV_CUDA_FUSED_ATTN"); }
-  } fused_on;
+  const ScopedEnv fused_on("XSERV_CUDA_FUSED_ATTN", "1024");
   GpuCpu be;
   std::mt19937 rng(15);
   const std::vector<std::pair<std::int32_t, std::int32_t>> decode = {
@@ -488,23 +486,6 @@ TEST_CASE("cuda DeviceArena: consecutive pieces lie back to back while their chu
     arena.deallocate(p, static_cast<std::size_t>(n) * kb);
 }
 
-namespace {
-// Sets XSERV_CUDA_PREFILL_MMA and XSERV_CUDA_PREFILL_WARPS for one scope (the prefill
-// attention reads them at every launch).
-class PrefillKernelEnv {
- public:
-  PrefillKernelEnv(const char* mma, const char* warps) {
-    ::setenv("XSERV_CUDA_PREFILL_MMA", mma, 1);
-    ::setenv("XSERV_CUDA_PREFILL_WARPS", warps, 1);
-  }
-  ~PrefillKernelEnv() {
-    ::unsetenv("XSERV_CUDA_PREFILL_MMA");
-    ::unsetenv("XSERV_CUDA_PREFILL_WARPS");
-  }
-  PrefillKernelEnv(const PrefillKernelEnv&) = delete;
-  PrefillKernelEnv& operator=(const PrefillKernelEnv&) = delete;
-};
-}  // namespace
 
 // The bf16 prefill kernels (mma at 4, 6 and 8 warps a block, and wmma) against the CPU
 // backend's attention over the same bf16 q and cache (run_attention_case's exact_inputs:
@@ -525,7 +506,8 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
   const std::pair<const char*, const char*> kernels[] = {
       {"1", "4"}, {"1", "6"}, {"1", "8"}, {"0", "4"}};
   for (const auto& [mma, warps] : kernels) {
-    PrefillKernelEnv env(mma, warps);
+    const ScopedEnv env_mma("XSERV_CUDA_PREFILL_MMA", mma);  // both read at every launch
+    const ScopedEnv env_warps("XSERV_CUDA_PREFILL_WARPS", warps);
     for (const auto& g : geoms) {
       for (const auto* seqs : {&lengths, &chunks, &one_long}) {
         for (std::int32_t bs : {16, 32}) {

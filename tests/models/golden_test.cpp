@@ -17,6 +17,7 @@
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
 #include "support/golden.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 
@@ -106,10 +107,7 @@ TEST_CASE("GPT-2 with its Conv1D weights transposed at load still matches transf
           "[models][golden]") {
   // XSERV_CPU_CONV1D=out_in (Model::conv1d_layout): the CPU backend's out_in GEMV and GEMM
   // packing read the copies; the tolerance is the golden one.
-  struct Env {
-    Env() { ::setenv("XSERV_CPU_CONV1D", "out_in", 1); }
-    ~Env() { ::unsetenv("XSERV_CPU_CONV1D"); }
-  } env;
+  const test::ScopedEnv env("XSERV_CPU_CONV1D", "out_in");
   const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
   check_golden(d, d);
   check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare",

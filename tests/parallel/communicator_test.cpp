@@ -11,6 +11,7 @@
 #include "parallel/communicator.hpp"
 #include "parallel/nccl_communicator.hpp"
 #include "parallel/rank_workers.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 
@@ -113,9 +114,7 @@ TEST_CASE("NCCL: bad device lists are refused, a missing library is a clear unsu
   CHECK_THROWS_AS(make_nccl_communicators({0, 1}, {nullptr}), Error);
   CHECK_THROWS_AS(make_nccl_communicators({0, 0}, {nullptr, nullptr}), Error);
   // Whatever this machine has, a library that is not there must give the clear error.
-  const char* old = std::getenv("XSERV_NCCL_LIBRARY");
-  const std::string saved = old ? old : "";
-  ::setenv("XSERV_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  const test::ScopedEnv env("XSERV_NCCL_LIBRARY", "/nonexistent/libnccl.so.2");
   std::string why;
   CHECK_FALSE(nccl_available(&why));
   CHECK(why.find("/nonexistent/libnccl.so.2") != std::string::npos);
@@ -126,6 +125,4 @@ TEST_CASE("NCCL: bad device lists are refused, a missing library is a clear unsu
     CHECK(e.code() == ErrorCode::unsupported);
     CHECK(std::string(e.what()).find("needs NCCL at run time") != std::string::npos);
   }
-  if (old) ::setenv("XSERV_NCCL_LIBRARY", saved.c_str(), 1);
-  else ::unsetenv("XSERV_NCCL_LIBRARY");
 }
