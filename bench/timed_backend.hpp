@@ -47,6 +47,12 @@ class TimedBackend final : public Backend {
   DType activation_dtype(DType w) const noexcept override { return inner_->activation_dtype(w); }
   Allocator& allocator() noexcept override { return inner_->allocator(); }
   Tensor import_weight(const Tensor& host) override { return inner_->import_weight(host); }
+  void reserve_adjacent_weights(std::span<const std::size_t> bytes) override {
+    inner_->reserve_adjacent_weights(bytes);
+  }
+  void prefetch_weights(std::span<const Tensor> ws) override {
+    time("prefetch_weights", [&] { inner_->prefetch_weights(ws); });
+  }
   void upload(Tensor dst, const void* src) override { time("upload", [&] { inner_->upload(dst, src); }); }
   void download(void* dst, const Tensor& src) override {
     time("download", [&] { inner_->download(dst, src); });

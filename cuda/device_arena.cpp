@@ -106,6 +106,28 @@ void* DeviceArena::allocate(std::size_t bytes) {
   return p;
 }
 
+void DeviceArena::reserve_adjacent(const std::size_t* sizes, std::size_t count) {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t size = round_up(sizes[i], piece_alignment);
+    if (size > chunk_bytes_ / 2) return;  // dedicated: never adjacent to its neighbours
+    total += size;
+  }
+  if (total == 0 || total > chunk_bytes_) return;
+  std::lock_guard lock(mutex_);
+  auto fits = [&](std::size_t i) { return i < chunks_.size() && chunks_[i].size - chunks_[i].used >= total; };
+  if (fits(last_chunk_)) return;
+  std::size_t index = chunks_.size();
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    if (fits(i)) {
+      index = i;
+      break;
+    }
+  }
+  if (index == chunks_.size()) new_chunk(chunk_bytes_);
+  last_chunk_ = index;  // allocate() carves from here first while the pieces fit
+}
+
 void DeviceArena::deallocate(void* p, std::size_t) noexcept {
   if (p == nullptr) return;
   std::lock_guard lock(mutex_);

@@ -30,6 +30,13 @@ class DeviceArena final : public Allocator {
   // 256-byte aligned (what cuBLASLt's fastest kernels and 16-byte vector loads want).
   void* allocate(std::size_t bytes) override;
   void deallocate(void* p, std::size_t bytes) noexcept override;
+  // The next pieces, of these sizes and allocated in this order, are to lie back to back (a
+  // model's q|k|v or gate|up weights, which then run as one stacked GEMV): moves the carving
+  // point to a chunk with room for all of them (the current one when it has it, else the first
+  // that has, else a new one). A no-op when they could not share a chunk anyway (a piece over
+  // half a chunk gets its own cudaMalloc). Without it a pair could straddle a chunk's end: the
+  // first piece fills the chunk's tail, the second starts the next chunk.
+  void reserve_adjacent(const std::size_t* sizes, std::size_t count);
 
   std::size_t reserved_bytes() const noexcept { return reserved_; }
 

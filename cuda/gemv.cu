@@ -17,6 +17,7 @@
 // Requires K (out_in) or N (in_out) to be a multiple of the 16-byte vector and 16-byte aligned
 // W (and a for out_in); the caller falls back to cuBLASLt otherwise.
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -102,11 +103,11 @@ struct OutInArgs {
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
 // so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
-template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu, int U>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
-  constexpr int U = 4;               // loads per lane per batch
+  // U: loads per lane (and weight row) per batch; 4, or 8 / 16 at one bf16 row (launch_out_in).
   extern __shared__ uint4 s_dyn[];   // Norm: the normalised rows [M, k]
   __shared__ float red[warps][R][M];
   __shared__ float s_sum[warps][M];
@@ -414,11 +415,20 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
+// XSERV_CUDA_GEMV_WPR / _NORM_WPR / _LOADS: see gemv_tuning() in kernels.hpp.
+GemvTuning tuning_from_env() noexcept {
+  auto get = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) : 0;
+  };
+  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_LOADS")};
+}
+
 template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
 void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   OutInArgs<T> p = args;
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
-  auto* kernel = gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>;
+  const GemvTuning& tune = gemv_tuning();
   // Warps per column: measured on the H200 (Qwen3-8B decode shapes, ncu, a sweep of fixed
   // splits), splitting K over more warps pays until the grid holds about 128 warps per SM
   // (o_proj and down_proj: 4 warps per column, 14.3 and 32.4 us instead of 15.5 and 38.8 with one);
@@ -428,8 +438,24 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const std::int64_t rows = std::int64_t{p.n} * (Swiglu ? 2 : 1);
   p.wpr = 1;
   while (p.wpr < warps && rows * p.wpr * 2 <= most_warps && p.k >= 2 * 32 * vec_of<T> * p.wpr * 2) p.wpr *= 2;
+  const int forced = Norm ? tune.norm_wpr : tune.wpr;
+  if (M == 1 && (forced == 1 || forced == 2 || forced == 4 || forced == 8)) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
-  launch_pdl(kernel, dim3((p.n + cols_per_block - 1) / cols_per_block), dim3(warps * 32), smem, stream, p);
+  const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
+  // Deeper batches only where they were compiled: one bf16 row (decode of 16-bit models).
+  if constexpr (M == 1 && std::is_same_v<T, bf16>) {
+    if (tune.loads == 8) {
+      launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 8>, grid, dim3(warps * 32), smem, stream, p);
+      return;
+    }
+    if constexpr (!Swiglu) {
+      if (tune.loads == 16) {
+        launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 16>, grid, dim3(warps * 32), smem, stream, p);
+        return;
+      }
+    }
+  }
+  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 4>, grid, dim3(warps * 32), smem, stream, p);
 }
 
 template <typename T, typename OutT, int M>
@@ -505,7 +531,42 @@ void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const
   else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
 
+// Reads ranges of device memory into L2 without keeping anything: cp.async.bulk.prefetch.L2
+// (sm_90's bulk-copy unit, one instruction per `piece` bytes; lines = false) or one
+// prefetch.global.L2 per 128-byte line. Grid-stride over the ranges' pieces.
+__global__ void prefetch_l2_kernel(const PrefetchRanges r, bool bulk) {
+  constexpr std::size_t piece = 16 * 1024;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int i = 0; i < r.count; ++i) {
+    const char* base = static_cast<const char*>(r.ptr[i]);
+    const std::size_t bytes = r.bytes[i];
+    if (bulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      for (std::size_t at = tid * piece; at < bytes; at += stride * piece) {
+        const auto n = static_cast<unsigned>(min(piece, bytes - at)) & ~15u;
+        if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
+      }
+      continue;
+#endif
+    }
+    for (std::size_t at = tid * 128; at < bytes; at += stride * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
+  }
+}
+
 }  // namespace
+
+GemvTuning& gemv_tuning() noexcept {
+  static GemvTuning t = tuning_from_env();
+  return t;
+}
+
+void launch_prefetch_l2(cudaStream_t stream, const PrefetchRanges& ranges, bool bulk, int blocks) {
+  if (ranges.count == 0) return;
+  prefetch_l2_kernel<<<blocks, 128, 0, stream>>>(ranges, bulk);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
 
 bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k,
                     const void* a, const void* w) noexcept {

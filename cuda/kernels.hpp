@@ -64,6 +64,27 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
                  unsigned* tickets);
 
+// Launch-shape overrides of the out_in GEMVs at one row (0 = the default, measured): warps per
+// output column (1, 2, 4 or 8) without and with the norm prologue, and loads per lane per batch
+// (4; 8 or 16 for bf16). Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and
+// XSERV_CUDA_GEMV_LOADS; bench/gemv_bench sweeps them by writing here between launches.
+struct GemvTuning {
+  int wpr = 0, norm_wpr = 0, loads = 0;
+};
+GemvTuning& gemv_tuning() noexcept;
+
+// Up to four byte ranges of device memory for launch_prefetch_l2.
+struct PrefetchRanges {
+  const void* ptr[4] = {};
+  std::size_t bytes[4] = {};
+  int count = 0;
+};
+// Reads the ranges into L2 and nothing else (a hint; no result, no ordering): run on a side
+// stream while the main one does work that leaves DRAM bandwidth idle (decode attention), the
+// GEMVs after it find their weights in L2. bulk: cp.async.bulk.prefetch (sm_90), else one
+// prefetch instruction per 128-byte line; `blocks` blocks of 128 threads.
+void launch_prefetch_l2(cudaStream_t stream, const PrefetchRanges& ranges, bool bulk, int blocks);
+
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as
 // launch_norm then launch_gemv would; with swiglu, W holds 2n rows (gate, then up) and

@@ -116,6 +116,10 @@ class Backend {
   // A weight read from a host view (usually the mmap'd checkpoint) made resident on this
   // backend. CPU returns the view itself (zero copy); CUDA copies it into its weight arena.
   virtual Tensor import_weight(const Tensor& host) = 0;
+  // Says that the next import_weight calls, of these byte sizes in this order, should land back
+  // to back in device memory (a layer's q|k|v or gate|up, which a model then runs as one stacked
+  // weight). A hint: the default (CPU: weights are views of the mapping) ignores it.
+  virtual void reserve_adjacent_weights(std::span<const std::size_t> bytes) { (void)bytes; }
   virtual void upload(Tensor dst, const void* host_src) = 0;      // dst.bytes() bytes
   virtual void download(void* host_dst, const Tensor& src) = 0;  // waits for pending work
   virtual void fill_zero(Tensor dst) = 0;
@@ -201,6 +205,10 @@ class Backend {
                             const DeviceBatch& batch, KvLayer cache, float scale);
 
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).
+  // A hint before ops that leave memory bandwidth idle (decode attention): start reading these
+  // weights, in order, into the device's cache now, so the GEMVs after those ops find them
+  // there. No result and no ordering; the CPU (and a CUDA backend with it off) ignores it.
+  virtual void prefetch_weights(std::span<const Tensor> ws) { (void)ws; }
   virtual void gelu(Tensor x) = 0;
   // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
   virtual void swiglu(Tensor out, const Tensor& gate_up) = 0;

@@ -75,6 +75,7 @@ class Qwen3 final : public Model {
       w.require(&l.q_w, {n + "self_attn.q_proj.weight"}, {q_out, d}, DummyInit::normal, q_rows);
       w.require(&l.k_w, {n + "self_attn.k_proj.weight"}, {kv_out, d}, DummyInit::normal, kv_rows);
       w.require(&l.v_w, {n + "self_attn.v_proj.weight"}, {kv_out, d}, DummyInit::normal, kv_rows);
+      w.adjacent({&l.q_w, &l.k_w, &l.v_w});  // one stacked q|k|v GEMV (stacked())
       // Qwen3 has no attention bias by default (attention_bias: false); honour one if present.
       w.optional(&l.q_b, {n + "self_attn.q_proj.bias"}, {q_out}, q_rows);
       w.optional(&l.k_b, {n + "self_attn.k_proj.bias"}, {kv_out}, kv_rows);
@@ -85,6 +86,7 @@ class Qwen3 final : public Model {
       w.require(&l.post_norm, {n + "post_attention_layernorm.weight"}, {d}, DummyInit::ones);
       w.require(&l.gate_w, {n + "mlp.gate_proj.weight"}, {inner, d}, DummyInit::normal, inner_rows);
       w.require(&l.up_w, {n + "mlp.up_proj.weight"}, {inner, d}, DummyInit::normal, inner_rows);
+      w.adjacent({&l.gate_w, &l.up_w});
       w.require(&l.down_w, {n + "mlp.down_proj.weight"}, {d, inner}, DummyInit::normal, inner_cols);
     }
     if (!s.leader()) return;  // the head lives on rank 0 only
@@ -151,6 +153,10 @@ class Qwen3 final : public Model {
         const Tensor ws[] = {l.q_w, l.k_w, l.v_w}, bs[] = {l.q_b, l.k_b, l.v_b};
         be.gemm_parts(qkvt, ht, ws, bs);
       }
+      // The attention after this reads little memory: the weights of the GEMVs that follow it
+      // can stream into the GPU's cache meanwhile (a hint; CUDA decode steps, opt-in).
+      const Tensor next[] = {l.o_w, l.gate_up_w.empty() ? l.gate_w : l.gate_up_w, l.down_w};
+      be.prefetch_weights(next);
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
       be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo

@@ -34,6 +34,22 @@ void WeightLoader::optional(Tensor* dst, std::vector<std::string> names, Shape s
   entries_.push_back(Entry{dst, std::move(names), shape, DummyInit::bias, false, std::move(slice)});
 }
 
+void WeightLoader::adjacent(std::initializer_list<const Tensor*> members) {
+  const int group = groups_++;
+  for (const Tensor* t : members)
+    for (auto& e : entries_)
+      if (e.dst == t) e.group = group;
+}
+
+std::size_t WeightLoader::import_bytes(const Entry& e) const {
+  if (checkpoint_) {
+    if (!e.info) return 0;
+    // f16 becomes bf16 on a device that converts: the same size.
+    return static_cast<std::size_t>(e.slice.of(e.info->shape).numel()) * dtype_size(e.info->dtype);
+  }
+  return e.required ? static_cast<std::size_t>(e.slice.of(e.shape).numel()) * dtype_size(dummy_dtype_) : 0;
+}
+
 bool WeightLoader::has(const std::string& name) const noexcept {
   return checkpoint_ && checkpoint_->find(name) != nullptr;
 }
@@ -84,6 +100,13 @@ std::size_t WeightLoader::load(const std::function<void(std::size_t, std::size_t
   std::size_t done = 0;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
+    if (e.group >= 0 && (i == 0 || entries_[i - 1].group != e.group)) {
+      // The first of a run of adjacent() entries: tell the backend their sizes.
+      std::vector<std::size_t> sizes;
+      for (std::size_t j = i; j < entries_.size() && entries_[j].group == e.group; ++j)
+        if (const std::size_t b = import_bytes(entries_[j]); b > 0) sizes.push_back(b);
+      if (sizes.size() > 1) backend_.reserve_adjacent_weights(sizes);
+    }
     if (checkpoint_) {
       if (!e.info) continue;
       import_slice(e);

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,11 @@ class WeightLoader {
                DummyInit init = DummyInit::normal, Slice slice = {});
   // Declares a tensor used only when the checkpoint has it (never made for dummy weights).
   void optional(Tensor* dst, std::vector<std::string> names, Shape shape, Slice slice = {});
+  // Declares that these tensors (already declared, one after another) are to lie back to back
+  // on the device, in this order: the backend is told before the first is imported
+  // (Backend::reserve_adjacent_weights), so a stacked view over them (Qwen3's q|k|v, gate|up)
+  // never breaks at the end of a device-memory chunk.
+  void adjacent(std::initializer_list<const Tensor*> members);
   // True when the checkpoint holds `name` (false for dummy weights).
   bool has(const std::string& name) const noexcept;
 
@@ -75,8 +81,11 @@ class WeightLoader {
     bool required;
     Slice slice;
     const TensorInfo* info = nullptr;  // resolved by load()
+    int group = -1;                    // adjacent(): entries of one group share the number
   };
   void fill_dummy(Entry& e, std::size_t index);
+  // The bytes entry e will occupy on the backend (0 when it is not imported).
+  std::size_t import_bytes(const Entry& e) const;
   // Makes e's slice of the checkpoint tensor resident in *e.dst.
   void import_slice(Entry& e);
 
@@ -86,6 +95,7 @@ class WeightLoader {
   std::uint64_t seed_;
   std::vector<Entry> entries_;
   std::vector<Buffer> owned_;
+  int groups_ = 0;
 };
 
 }  // namespace xserv

@@ -486,6 +486,39 @@ TEST_CASE("cuda DeviceArena: consecutive pieces lie back to back while their chu
     arena.deallocate(p, static_cast<std::size_t>(n) * kb);
 }
 
+TEST_CASE("cuda DeviceArena: reserve_adjacent keeps a group in one chunk", "[cuda]") {
+  // A gate|up pair whose first piece would fit the chunk's tail and the second not: without the
+  // reservation they straddle two chunks (Qwen3-8B lost stacked gate|up GEMVs that way).
+  XSERV_REQUIRE_CUDA_DEVICE();
+  constexpr std::size_t kb = 1024;
+  cuda::DeviceArena arena(0, 1024 * kb);
+  auto* a = static_cast<char*>(arena.allocate(400 * kb));
+  auto* b = static_cast<char*>(arena.allocate(400 * kb));  // 224 KB left
+  const std::size_t pair[] = {200 * kb, 200 * kb};
+  arena.reserve_adjacent(pair, 2);
+  auto* g = static_cast<char*>(arena.allocate(200 * kb));
+  auto* u = static_cast<char*>(arena.allocate(200 * kb));
+  REQUIRE(u == g + 200 * kb);
+  REQUIRE((g < a || g >= b + 400 * kb));  // a new chunk, not the old chunk's tail
+  // A group that fits where the carving point is changes nothing: the next piece follows u.
+  const std::size_t small[] = {100 * kb, 100 * kb};
+  arena.reserve_adjacent(small, 2);
+  auto* s1 = static_cast<char*>(arena.allocate(100 * kb));
+  REQUIRE(s1 == u + 200 * kb);
+  // Odd sizes: each piece is rounded to 256 bytes, and the group still fits together.
+  const std::size_t odd[] = {300 * kb + 8, 300 * kb + 8};
+  arena.reserve_adjacent(odd, 2);
+  auto* o1 = static_cast<char*>(arena.allocate(300 * kb + 8));
+  auto* o2 = static_cast<char*>(arena.allocate(300 * kb + 8));
+  REQUIRE(o2 == o1 + 300 * kb + 256);
+  // Over half a chunk: dedicated allocations, the hint is ignored (no throw, no chunk made).
+  const std::size_t big[] = {600 * kb, 10 * kb};
+  arena.reserve_adjacent(big, 2);
+  for (auto [p, n] : {std::pair{a, 400 * kb}, {b, 400 * kb}, {g, 200 * kb}, {u, 200 * kb}, {s1, 100 * kb},
+                      {o1, 300 * kb + 8}, {o2, 300 * kb + 8}})
+    arena.deallocate(p, n);
+}
+
 
 // The bf16 prefill kernels (mma at 4, 6 and 8 warps a block, and wmma) against the CPU
 // backend's attention over the same bf16 q and cache (run_attention_case's exact_inputs:
