@@ -1,11 +1,11 @@
 // The decode GEMVs of cuda/gemv.cu alone, at the one-row shapes of Qwen3 0.6B / 1.7B / 8B decode
 // steps (bf16) and GPT-2's f32 lm_head, over a sweep of launch shapes (gemv_tuning(): warps per
-// output column, loads per lane per batch). Each figure is the time per launch of 60 launches
+// output column). Each figure is the time per launch of 60 launches
 // recorded into a CUDA graph and replayed (as a decode step runs them: back to back), cycling
 // over copies of the weight that together exceed the L2 cache, so every launch streams its
 // weight from DRAM as in a real step. Prints one line per shape and launch shape:
-//   shape  wpr  loads  us  TB/s
-// ("wpr 0 / loads 0" is the default the backend picks). Usage: gemv_bench [--quick]
+//   shape  MB  wpr  us  TB/s
+// ("wpr 0" is the default the backend picks, "wpr -1" the rule before 2026-12-01). Usage: gemv_bench [--quick]
 // (--quick: the defaults only). Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
 
@@ -109,14 +109,9 @@ int main(int argc, char** argv) {
       {"0.6b lm_head", Kind::plain, 151936, 1024, DType::bf16, DType::f32},
       {"gpt2 lm_head f32", Kind::plain, 50257, 768, DType::f32, DType::f32},
   };
-  struct Config {
-    int wpr, loads;
-  };
-  std::vector<Config> configs = {{0, 0}};
-  if (!quick)
-    for (int wpr : {1, 2, 4, 8})
-      for (int loads : {4, 8, 16}) configs.push_back({wpr, loads});
-  std::printf("| shape | MB | wpr | loads | us | TB/s |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::vector<int> configs = {-1, 0};  // -1: the split rule before 2026-12-01 (old_split)
+  if (!quick) configs.insert(configs.end(), {1, 2, 4, 8});
+  std::printf("| shape | MB | wpr | us | TB/s |\n| --- | ---: | ---: | ---: | ---: |\n");
   for (const Shape& s : shapes) {
     const std::int64_t rows = s.kind == Kind::swiglu ? 2 * s.n : s.n;
     const std::size_t bytes = static_cast<std::size_t>(rows * s.k) * dtype_size(s.dt);
@@ -135,24 +130,22 @@ int main(int argc, char** argv) {
     check(cudaMemset(norm_w, 0x3c, static_cast<std::size_t>(s.k) * 4), "memset");
     check(cudaMemset(out, 0, static_cast<std::size_t>(s.n) * 4), "memset");
     double best = 1e30;
-    Config best_c{};
-    for (const Config& c : configs) {
+    int best_wpr = 0;
+    for (int wpr : configs) {
       const bool norm = s.kind == Kind::norm || s.kind == Kind::swiglu;
-      if (c.loads > 4 && s.dt != DType::bf16) continue;   // deeper batches: bf16 only
-      if (c.loads == 16 && s.kind == Kind::swiglu) continue;
       GemvTuning& t = gemv_tuning();
       t = GemvTuning{};
-      (norm ? t.norm_wpr : t.wpr) = c.wpr;
-      t.loads = c.loads;
+      if (wpr < 0) t.old_split = true;
+      else (norm ? t.norm_wpr : t.wpr) = wpr;
       const double us = time_shape(stream, s, weights, x, norm_w, out, sm_count);
-      std::printf("| %s | %.1f | %d | %d | %.2f | %.2f |\n", s.name, static_cast<double>(bytes) / 1e6, c.wpr,
-                  c.loads, us, static_cast<double>(bytes) / us / 1e6);
+      std::printf("| %s | %.1f | %d | %.2f | %.2f |\n", s.name, static_cast<double>(bytes) / 1e6, wpr, us,
+                  static_cast<double>(bytes) / us / 1e6);
       if (us < best) {
         best = us;
-        best_c = c;
+        best_wpr = wpr;
       }
     }
-    std::printf("best %s: wpr %d loads %d, %.2f us\n", s.name, best_c.wpr, best_c.loads, best);
+    std::printf("best %s: wpr %d, %.2f us\n", s.name, best_wpr, best);
     gemv_tuning() = GemvTuning{};
     for (auto* w : weights) (void)cudaFree(w);
     (void)cudaFree(x);

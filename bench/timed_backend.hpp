@@ -50,9 +50,6 @@ class TimedBackend final : public Backend {
   void reserve_adjacent_weights(std::span<const std::size_t> bytes) override {
     inner_->reserve_adjacent_weights(bytes);
   }
-  void prefetch_weights(std::span<const Tensor> ws) override {
-    time("prefetch_weights", [&] { inner_->prefetch_weights(ws); });
-  }
   void upload(Tensor dst, const void* src) override { time("upload", [&] { inner_->upload(dst, src); }); }
   void download(void* dst, const Tensor& src) override {
     time("download", [&] { inner_->download(dst, src); });

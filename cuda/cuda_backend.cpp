@@ -128,10 +128,7 @@ class CudaBackend final : public Backend {
   void copy(Tensor dst, const Tensor& src) override;
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
-  void synchronize() override {
-    join_prefetch();
-    XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
+  void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
   void* native_stream() noexcept override { return stream_; }
 
@@ -154,7 +151,6 @@ class CudaBackend final : public Backend {
                  const DeviceBatch& batch, const KvLayer& cache, float scale) override;
   void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                     const DeviceBatch& batch, KvLayer cache, float scale) override;
-  void prefetch_weights(std::span<const Tensor> ws) override;
   void gelu(Tensor x) override;
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
@@ -181,9 +177,6 @@ class CudaBackend final : public Backend {
   // address), and is refused while recording.
   void ensure_scratch(Buffer& buf, std::size_t bytes);
   void clear_graphs() noexcept;
-  // Makes stream_ wait for the prefetches enqueued on side_ since the last join (a graph capture
-  // must end with every forked stream joined back).
-  void join_prefetch();
 
   int device_index_;
   std::string name_;
@@ -238,17 +231,9 @@ class CudaBackend final : public Backend {
   std::int32_t fused_attention_keys_ = 0;
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
-  // prefetch_weights: XSERV_CUDA_PREFETCH=0 off, 1 bulk prefetch (cp.async.bulk), 2 one prefetch
-  // per line; at most XSERV_CUDA_PREFETCH_MB MiB per call; on side_, forked from stream_.
   // XSERV_CUDA_ADJACENT_WEIGHTS=0 ignores reserve_adjacent_weights (for comparisons: a stacked
   // pair may then straddle two weight chunks and run as separate GEMVs).
   bool adjacent_weights_ = true;
-  int prefetch_mode_ = 0;
-  std::size_t prefetch_bytes_ = std::size_t{32} << 20;
-  int prefetch_blocks_ = 16;
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  bool prefetch_pending_ = false;
 };
 
 CudaBackend::CudaBackend(const BackendOptions& options)
@@ -271,10 +256,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
-  if (const char* env = std::getenv("XSERV_CUDA_PREFETCH")) prefetch_mode_ = std::atoi(env);
-  if (const char* env = std::getenv("XSERV_CUDA_PREFETCH_MB"))
-    prefetch_bytes_ = static_cast<std::size_t>(std::max(0, std::atoi(env))) << 20;
-  if (const char* env = std::getenv("XSERV_CUDA_PREFETCH_BLOCKS")) prefetch_blocks_ = std::max(1, std::atoi(env));
 }
 
 CudaBackend::~CudaBackend() {
@@ -294,10 +275,6 @@ CudaBackend::~CudaBackend() {
   sample_select_ = Buffer();
   logprobs_device_ = Buffer();
   token_counts_ = Buffer();
-  if (side_) (void)cudaStreamSynchronize(side_);
-  if (fork_) (void)cudaEventDestroy(fork_);
-  if (join_) (void)cudaEventDestroy(join_);
-  if (side_) (void)cudaStreamDestroy(side_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -752,40 +729,6 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
   attention(out, qkv, heads, batch, cache, scale);
 }
 
-void CudaBackend::prefetch_weights(std::span<const Tensor> ws) {
-  // Decode-sized steps only: a prefill's GEMMs are compute bound and its attention is not idle.
-  if (prefetch_mode_ == 0 || prefetch_bytes_ == 0 || std::get<0>(batch_shape_) > max_gemv_rows) return;
-  PrefetchRanges r;
-  std::size_t budget = prefetch_bytes_;
-  for (const Tensor& w : ws) {
-    if (r.count == 4 || budget < 16) break;
-    if (w.empty() || w.device != device()) continue;
-    const std::size_t bytes = std::min(w.bytes(), budget) & ~std::size_t{15};
-    r.ptr[r.count] = w.data;
-    r.bytes[r.count++] = bytes;
-    budget -= bytes;
-  }
-  if (r.count == 0) return;
-  if (!side_) {
-    XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-    XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-    XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  }
-  // The side stream starts where stream_ is now (after the kernel that last read memory hard),
-  // and runs beside the ops enqueued next.
-  XSERV_CUDA_CHECK(cudaEventRecord(fork_, stream_));
-  XSERV_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
-  launch_prefetch_l2(side_, r, prefetch_mode_ == 1, prefetch_blocks_);
-  prefetch_pending_ = true;
-}
-
-void CudaBackend::join_prefetch() {
-  if (!prefetch_pending_) return;
-  prefetch_pending_ = false;
-  XSERV_CUDA_CHECK(cudaEventRecord(join_, side_));
-  XSERV_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_, 0));
-}
-
 void CudaBackend::gelu(Tensor x) {
   XSERV_CHECK(is_act(x.dtype), ErrorCode::invalid_argument, "gelu: dtype {}", dtype_name(x.dtype));
   launch_gelu(stream_, x.dtype, x.data, x.numel());
@@ -968,10 +911,8 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
     }
     return;
   }
-  join_prefetch();  // a capture may only join what it forked
   if (!g.warmed) {
     ops();
-    join_prefetch();
     // ops may have grown scratch (which clears graphs_, this entry included): look it up again.
     graphs_[k].warmed = true;
     return;
@@ -981,9 +922,7 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
   cudaGraph_t graph = nullptr;
   try {
     ops();
-    join_prefetch();
   } catch (...) {
-    prefetch_pending_ = false;
     capturing_ = false;
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph) (void)cudaGraphDestroy(graph);

@@ -103,11 +103,13 @@ struct OutInArgs {
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
 // so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
-template <typename T, int M, typename OutT, bool Norm, bool Swiglu, int U>
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
-  // U: loads per lane (and weight row) per batch; 4, or 8 / 16 at one bf16 row (launch_out_in).
+  // Loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
+  // (bench/gemv_bench, docs/benchmarks.md): more registers, fewer resident warps.
+  constexpr int U = 4;
   extern __shared__ uint4 s_dyn[];   // Norm: the normalised rows [M, k]
   __shared__ float red[warps][R][M];
   __shared__ float s_sum[warps][M];
@@ -415,13 +417,44 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
-// XSERV_CUDA_GEMV_WPR / _NORM_WPR / _LOADS: see gemv_tuning() in kernels.hpp.
+// XSERV_CUDA_GEMV_WPR, _NORM_WPR and _OLD_SPLIT: see gemv_tuning() in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) : 0;
   };
-  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_LOADS")};
+  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1};
+}
+
+// Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
+// with bench/gemv_bench (one row, every split at every Qwen3 0.6B/1.7B/8B decode shape, weights
+// streamed from DRAM; docs/benchmarks.md, "Decode GEMV launch shapes"):
+// - plain: the fewest warps per column that give the grid about 24 warps per SM (8B o_proj and
+//   down_proj: one, 11.3 and 28.4 us where four took 12.2 and 28.8; 1.7B o_proj and down: two,
+//   4.5 and 9.3 us where four and eight took 5.8 and 11.5). More warps per column only add
+//   reductions and short-lived blocks (Qwen3-0.6B's lm_head: 71 us with one, 150 with four).
+// - with the norm prologue (every block redoes it): about 8 KB of weight per warp (8B q|k|v: one
+//   warp, 15.2 us; 8B gate|up with SwiGLU, two rows per column: two warps, 48.6 us against 50.8
+//   with one; 1.7B q|k|v: one, 6.8 us where two took 8.6).
+// A lane keeps at least two 16-byte loads either way. 2-4 rows (batched decode of small models)
+// keep the rule measured before (ncu, Qwen3-8B shapes): split K while the grid stays under 128
+// warps per SM, 64 with the norm prologue.
+template <typename T>
+int warps_per_column(int m, std::int64_t n, std::int64_t k, bool norm, bool swiglu, int sm_count) {
+  const std::int64_t most = std::max<std::int64_t>(1, k / (2 * 32 * vec_of<T>));
+  int wpr = 1;
+  if (m > 1) {
+    const std::int64_t most_warps = std::int64_t{norm ? 64 : 128} * sm_count;
+    const std::int64_t rows = n * (swiglu ? 2 : 1);
+    while (wpr < warps && rows * wpr * 2 <= most_warps && 2 * wpr <= most) wpr *= 2;
+  } else if (norm) {
+    const std::int64_t warp_bytes = std::int64_t{8} << 10;
+    const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(T)) * (swiglu ? 2 : 1);
+    while (wpr < warps && row_bytes >= 2 * wpr * warp_bytes && 2 * wpr <= most) wpr *= 2;
+  } else {
+    while (wpr < warps && n * wpr < std::int64_t{24} * sm_count && 2 * wpr <= most) wpr *= 2;
+  }
+  return wpr;
 }
 
 template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
@@ -429,33 +462,12 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   OutInArgs<T> p = args;
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
   const GemvTuning& tune = gemv_tuning();
-  // Warps per column: measured on the H200 (Qwen3-8B decode shapes, ncu, a sweep of fixed
-  // splits), splitting K over more warps pays until the grid holds about 128 warps per SM
-  // (o_proj and down_proj: 4 warps per column, 14.3 and 32.4 us instead of 15.5 and 38.8 with one);
-  // the fused-norm variant redoes its prologue in every block, so it stops at half that
-  // (q|k|v: one warp per column, 17.3 us; 21.5 with four). A lane keeps at least two loads.
-  const std::int64_t most_warps = std::int64_t{Norm ? 64 : 128} * sm_count;
-  const std::int64_t rows = std::int64_t{p.n} * (Swiglu ? 2 : 1);
-  p.wpr = 1;
-  while (p.wpr < warps && rows * p.wpr * 2 <= most_warps && p.k >= 2 * 32 * vec_of<T> * p.wpr * 2) p.wpr *= 2;
+  p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
-  if (M == 1 && (forced == 1 || forced == 2 || forced == 4 || forced == 8)) p.wpr = forced;
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
-  const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
-  // Deeper batches only where they were compiled: one bf16 row (decode of 16-bit models).
-  if constexpr (M == 1 && std::is_same_v<T, bf16>) {
-    if (tune.loads == 8) {
-      launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 8>, grid, dim3(warps * 32), smem, stream, p);
-      return;
-    }
-    if constexpr (!Swiglu) {
-      if (tune.loads == 16) {
-        launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 16>, grid, dim3(warps * 32), smem, stream, p);
-        return;
-      }
-    }
-  }
-  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 4>, grid, dim3(warps * 32), smem, stream, p);
+  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>, dim3((p.n + cols_per_block - 1) / cols_per_block),
+             dim3(warps * 32), smem, stream, p);
 }
 
 template <typename T, typename OutT, int M>
@@ -531,41 +543,11 @@ void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const
   else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
 
-// Reads ranges of device memory into L2 without keeping anything: cp.async.bulk.prefetch.L2
-// (sm_90's bulk-copy unit, one instruction per `piece` bytes; lines = false) or one
-// prefetch.global.L2 per 128-byte line. Grid-stride over the ranges' pieces.
-__global__ void prefetch_l2_kernel(const PrefetchRanges r, bool bulk) {
-  constexpr std::size_t piece = 16 * 1024;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int i = 0; i < r.count; ++i) {
-    const char* base = static_cast<const char*>(r.ptr[i]);
-    const std::size_t bytes = r.bytes[i];
-    if (bulk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      for (std::size_t at = tid * piece; at < bytes; at += stride * piece) {
-        const auto n = static_cast<unsigned>(min(piece, bytes - at)) & ~15u;
-        if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(n) : "memory");
-      }
-      continue;
-#endif
-    }
-    for (std::size_t at = tid * 128; at < bytes; at += stride * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
-  }
-}
-
 }  // namespace
 
 GemvTuning& gemv_tuning() noexcept {
   static GemvTuning t = tuning_from_env();
   return t;
-}
-
-void launch_prefetch_l2(cudaStream_t stream, const PrefetchRanges& ranges, bool bulk, int blocks) {
-  if (ranges.count == 0) return;
-  prefetch_l2_kernel<<<blocks, 128, 0, stream>>>(ranges, bulk);
-  XSERV_CUDA_LAUNCH_CHECK();
 }
 
 bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k,

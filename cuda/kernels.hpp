@@ -64,26 +64,17 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
                  unsigned* tickets);
 
-// Launch-shape overrides of the out_in GEMVs at one row (0 = the default, measured): warps per
-// output column (1, 2, 4 or 8) without and with the norm prologue, and loads per lane per batch
-// (4; 8 or 16 for bf16). Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and
-// XSERV_CUDA_GEMV_LOADS; bench/gemv_bench sweeps them by writing here between launches.
+// Launch-shape overrides of the out_in GEMVs (0 = the measured default, warps_per_column in
+// gemv.cu): warps per output column, 1, 2, 4 or 8, without and with the norm prologue; old_split:
+// one row takes the split rule of 2-4 rows, as before 2026-12-01 (for before/after comparisons).
+// Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
+// bench/gemv_bench and the op tests write here between launches (not thread-safe: for
+// benchmarks and tests only).
 struct GemvTuning {
-  int wpr = 0, norm_wpr = 0, loads = 0;
+  int wpr = 0, norm_wpr = 0;
+  bool old_split = false;
 };
 GemvTuning& gemv_tuning() noexcept;
-
-// Up to four byte ranges of device memory for launch_prefetch_l2.
-struct PrefetchRanges {
-  const void* ptr[4] = {};
-  std::size_t bytes[4] = {};
-  int count = 0;
-};
-// Reads the ranges into L2 and nothing else (a hint; no result, no ordering): run on a side
-// stream while the main one does work that leaves DRAM bandwidth idle (decode attention), the
-// GEMVs after it find their weights in L2. bulk: cp.async.bulk.prefetch (sm_90), else one
-// prefetch instruction per 128-byte line; `blocks` blocks of 128 threads.
-void launch_prefetch_l2(cudaStream_t stream, const PrefetchRanges& ranges, bool bulk, int blocks);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as

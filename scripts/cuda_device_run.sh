@@ -37,7 +37,7 @@
 #                                       (before), as default (after) and with the opt-in one-kernel
 #                                       attention: every model at batch 1, a long-ish
 #                                       context, 16 rows; GPT-2 + Qwen3-0.6B parity with transformers
-#   scripts/cuda_device_run.sh gemv    the decode GEMV tests, memcheck over the weight prefetch,
+#   scripts/cuda_device_run.sh gemv    the decode GEMV tests, memcheck over every K split,
 #                                       the GEMV launch-shape sweep (bench/gemv_bench), batch-1
 #                                       decode of every model before/after (GEMV_SIDES), 8B at 16 rows
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
@@ -190,21 +190,22 @@ elif [ "$stage" = fused ]; then
   timeout 100 python3 tests/reference/cuda_parity.py /tmp/b "$OUT/parity_small.json" /tmp/models/gpt2 /tmp/models/qwen3-0.6b 2>&1 | grep -v Warning | tail -8
 elif [ "$stage" = gemv ]; then
   # Issue 12, the batch-1 decode GEMVs (helper gemv): the op and model tests they touch, memcheck
-  # over the prefetch path, the GEMV launch-shape sweep (bench/gemv_bench), then batch-1 decode of
+  # over the GEMV at every warps-per-column split, the GEMV launch-shape sweep (bench/gemv_bench), then batch-1 decode of
   # every model with each side of GEMV_SIDES ("label:ENV=V,ENV=V ..."; the first is "before":
-  # main's behaviour), Qwen3-8B also with GEMV_SIDES_8B, and Qwen3-8B at 16 rows.
+  # main's behaviour), Qwen3-8B also with GEMV_SIDES_8B, Qwen3-8B at 16 rows, and how many of
+  # Qwen3-8B's layers run unstacked (generate_bench --profile: separate rms_norm / swiglu calls).
   cmake --build /tmp/b -j16 --target gemv_bench >>"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
   echo "== op and model tests"
-  timeout 150 "$bin/xserv_tests" "${GEMV_TESTS:-cuda DeviceArena*,cuda gemm*,cuda rms_norm_gemm*,cuda layer_norm_gemm*,cuda: decode steps*,cuda: weight prefetch*,cuda: tiny*}" \
+  timeout 150 "$bin/xserv_tests" "${GEMV_TESTS:-cuda DeviceArena*,cuda gemm*,cuda rms_norm_gemm*,cuda layer_norm_gemm*,cuda: decode steps*,cuda out_in GEMVs*,cuda: tiny*,cuda engine*}" \
     --durations yes >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -20
-  [ "${GEMV_MEMCHECK:-1}" = 1 ] && sanitize "cuda: weight prefetch*" memcheck_prefetch.txt
+  [ "${GEMV_MEMCHECK:-1}" = 1 ] && sanitize "cuda out_in GEMVs*" memcheck_gemv.txt
   if [ "${GEMV_SWEEP:-1}" = 1 ]; then
     echo "== gemv_bench ${GEMV_BENCH_ARGS:-}"
     timeout 90 /tmp/b/bench/gemv_bench ${GEMV_BENCH_ARGS:-} >"$OUT/gemv_bench.txt" 2>&1
     grep -E "best|rror" "$OUT/gemv_bench.txt"; grep -E "\| 0 \| 0 \|" "$OUT/gemv_bench.txt"
   fi
-  sides=(${GEMV_SIDES:-before:XSERV_CUDA_PREFETCH=0,XSERV_CUDA_ADJACENT_WEIGHTS=0 after:XSERV_CUDA_NOTHING=1})
+  sides=(${GEMV_SIDES:-before:XSERV_CUDA_GEMV_OLD_SPLIT=1,XSERV_CUDA_ADJACENT_WEIGHTS=0 after:XSERV_CUDA_NOTHING=1})
   gb() {  # model, side label:envs, generate_bench args...
     local label=${2%%:*} envs=${2#*:}
     printf -- "-- %s %s %s: " "$1" "$label" "${*:3}"
@@ -218,6 +219,13 @@ elif [ "$stage" = gemv ]; then
     for side in ${GEMV_SIDES_8B:-}; do gb qwen3-8b "$side" --prompt-len 128 --gen-len 128 --batch 1 --repeat 3; done
     [ "${GEMV_B16:-1}" = 1 ] && for side in "${sides[0]}" "${sides[@]: -1}"; do gb qwen3-8b "$side" --prompt-len 128 --gen-len 128 --batch 16 --repeat 2; done
   } 2>&1 | tee "$OUT/bench_gemv.txt"
+  if [ "${GEMV_PROFILE:-1}" = 1 ]; then  # unstacked q|k|v / gate|up layers show as rms_norm / swiglu calls
+    for side in "${sides[0]}" "${sides[@]: -1}"; do
+      echo "-- qwen3-8b ${side%%:*}: separate norms and swiglu per decode step"
+      env $(echo "${side#*:}" | tr ',' ' ') timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-8b.json \
+        --device cuda --prompt-len 16 --gen-len 16 --batch 1 --repeat 1 --profile 2>&1 | grep -E "^\| (rms_norm|swiglu|gemm_parts|rms_norm_gemm) "
+    done 2>&1 | tee "$OUT/stacked_8b.txt"
+  fi
   if [ "${GEMV_PARITY:-0}" = 1 ]; then
     checkpoints gpt2 qwen3-0.6b
     echo "== parity"

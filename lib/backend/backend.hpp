@@ -205,10 +205,6 @@ class Backend {
                             const DeviceBatch& batch, KvLayer cache, float scale);
 
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).
-  // A hint before ops that leave memory bandwidth idle (decode attention): start reading these
-  // weights, in order, into the device's cache now, so the GEMVs after those ops find them
-  // there. No result and no ordering; the CPU (and a CUDA backend with it off) ignores it.
-  virtual void prefetch_weights(std::span<const Tensor> ws) { (void)ws; }
   virtual void gelu(Tensor x) = 0;
   // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
   virtual void swiglu(Tensor out, const Tensor& gate_up) = 0;

@@ -127,8 +127,6 @@ class Gpt2 final : public Model {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
       be.layer_norm_gemm(qkvt, xt, l.ln1_w, l.ln1_b, c.norm_eps, l.attn_w, conv, l.attn_b, false, ht);
-      const Tensor next[] = {l.proj_w, l.fc_w, l.fc_proj_w};  // see Qwen3: cached during attention
-      be.prefetch_weights(next);
       be.qk_attention(at, qkvt, heads, QkTransform{}, b, kvl, scale);
       be.gemm(xt, at, l.proj_w, conv, l.proj_b, beta);  // x += attn · W + b
       all_reduce(xt);

@@ -153,10 +153,6 @@ class Qwen3 final : public Model {
         const Tensor ws[] = {l.q_w, l.k_w, l.v_w}, bs[] = {l.q_b, l.k_b, l.v_b};
         be.gemm_parts(qkvt, ht, ws, bs);
       }
-      // The attention after this reads little memory: the weights of the GEMVs that follow it
-      // can stream into the GPU's cache meanwhile (a hint; CUDA decode steps, opt-in).
-      const Tensor next[] = {l.o_w, l.gate_up_w.empty() ? l.gate_w : l.gate_up_w, l.down_w};
-      be.prefetch_weights(next);
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
       be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo

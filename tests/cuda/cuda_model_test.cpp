@@ -12,7 +12,6 @@
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
 #include "support/golden.hpp"
-#include "support/scoped_env.hpp"
 
 using namespace xserv;
 using namespace xserv::test;
@@ -78,85 +77,48 @@ TEST_CASE("cuda: tiny GPT-2 and Qwen3 fixtures match transformers", "[cuda]") {
   check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare", XSERV_TEST_DATA_DIR "/models/shakespeare");
 }
 
-namespace {
-
-// The logits of a prefill and 12 greedy decode steps of the model in `dir` on a new CUDA
-// backend (made now, so it reads the XSERV_CUDA_* switches set at the call), the decode steps
-// run eagerly or recorded into a CUDA graph and replayed.
-std::vector<std::vector<float>> decode_logits(const std::string& dir, bool graphs) {
-  auto backend = cuda::make_cuda_backend({});
-  auto model = Model::load(dir, *backend, {});
-  const std::int64_t vocab = model->config().vocab_size;
-  std::vector<std::vector<float>> run;
-  kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
-  kv::BlockTable table(16);
-  const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8};
-  const auto n = static_cast<std::int32_t>(prompt.size());
-  table.ensure_capacity(cache.blocks(), n + 12);
-  Tensor logits = model->forward(prefill_batch(prompt, table, {n - 1}), cache);
-  Tensor recorded;
-  std::int32_t id = 0;
-  SamplingBatch greedy;
-  greedy.rows.resize(1);
-  greedy.rows[0].temperature = 0.0f;
-  backend->sample(logits, greedy, &id);
-  for (std::int32_t step = 0; step < 12; ++step) {
-    const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
-    Tensor out;
-    if (graphs) {
-      backend->run_graph(7, [&] { out = model->forward(db, cache); });
-      if (out.empty()) out = recorded;
-      else recorded = out;
-    } else {
-      out = model->forward(db, cache);
-    }
-    std::vector<float> host(static_cast<std::size_t>(vocab));
-    backend->download(host.data(), out);
-    run.push_back(host);
-    backend->sample(out, greedy, &id);
-  }
-  return run;
-}
-
-}  // namespace
-
 TEST_CASE("cuda: decode steps replayed from a CUDA graph equal eager steps", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   for (const char* name : {"tiny-gpt2", "tiny-qwen3"}) {
     INFO(name);
     const std::string dir = std::string(XSERV_TEST_DATA_DIR "/models/") + name;
-    const auto eager = decode_logits(dir, false), graph = decode_logits(dir, true);
-    REQUIRE(eager.size() == graph.size());
-    for (std::size_t s = 0; s < eager.size(); ++s) {
-      INFO("step " << s);
-      REQUIRE(graph[s] == eager[s]);
-    }
-  }
-}
-
-TEST_CASE("cuda: weight prefetch during decode attention changes no logit (eager and graph)", "[cuda]") {
-  // prefetch_weights forks a side stream that only reads weights into L2: every logit must be
-  // bit-identical to the run without it, and the graph capture must join the fork.
-  XSERV_REQUIRE_CUDA_DEVICE();
-  for (const char* name : {"tiny-gpt2", "tiny-qwen3", "tiny-qwen3-bf16"}) {
-    INFO(name);
-    const std::string dir = std::string(XSERV_TEST_DATA_DIR "/models/") + name;
-    std::vector<std::vector<float>> want;
-    {
-      const ScopedEnv off("XSERV_CUDA_PREFETCH", "0");
-      want = decode_logits(dir, false);
-    }
-    for (const char* mode : {"1", "2"}) {
-      const ScopedEnv on("XSERV_CUDA_PREFETCH", mode);
-      for (bool graphs : {false, true}) {
-        INFO("mode " << mode << " graphs " << graphs);
-        const auto got = decode_logits(dir, graphs);
-        REQUIRE(got.size() == want.size());
-        for (std::size_t s = 0; s < got.size(); ++s) {
-          INFO("step " << s);
-          REQUIRE(got[s] == want[s]);
+    auto backend = cuda::make_cuda_backend({});
+    auto model = Model::load(dir, *backend, {});
+    const std::int64_t vocab = model->config().vocab_size;
+    std::vector<std::vector<float>> runs[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
+      kv::BlockTable table(16);
+      const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8};
+      const auto n = static_cast<std::int32_t>(prompt.size());
+      table.ensure_capacity(cache.blocks(), n + 12);
+      Tensor logits = model->forward(prefill_batch(prompt, table, {n - 1}), cache);
+      Tensor recorded;
+      std::int32_t id = 0;
+      SamplingBatch greedy;
+      greedy.rows.resize(1);
+      greedy.rows[0].temperature = 0.0f;
+      backend->sample(logits, greedy, &id);
+      for (std::int32_t step = 0; step < 12; ++step) {
+        const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
+        Tensor out;
+        if (graphs) {
+          backend->run_graph(7, [&] { out = model->forward(db, cache); });
+          if (out.empty()) out = recorded;
+          else recorded = out;
+        } else {
+          out = model->forward(db, cache);
         }
+        std::vector<float> host(static_cast<std::size_t>(vocab));
+        backend->download(host.data(), out);
+        runs[graphs].push_back(host);
+        backend->sample(out, greedy, &id);
       }
+    }
+    REQUIRE(runs[0].size() == runs[1].size());
+    for (std::size_t s = 0; s < runs[0].size(); ++s) {
+      INFO("step " << s);
+      REQUIRE(runs[1][s] == runs[0][s]);
     }
   }
 }

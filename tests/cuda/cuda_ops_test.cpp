@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "support/scoped_env.hpp"
 
@@ -178,6 +179,70 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
         // Values are O(1). bf16: the normalised rows, y and silu(y) are rounded as HF rounds
         // them, the CPU keeps f32.
         require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 2.5e-2, dt == DType::f32 ? 1e-4 : 2e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split matches the CPU", "[cuda]") {
+  // The backend picks 1-8 warps per output column by shape (gemv.cu, warps_per_column); force
+  // each split (gemv_tuning) on shapes where K is split unevenly or leaves warps without loads,
+  // plain (with beta = 1 and f32 logits) and with the norm prologue / SwiGLU epilogue.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(33);
+  struct Case {
+    std::int64_t k, n;
+  };
+  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64}, {512, 300}, {64, 24}};
+  struct Reset {
+    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+  } reset;
+  for (DType dt : kActs) {
+    for (const auto& c : cases) {
+      for (int wpr : {1, 2, 4, 8}) {
+        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false};
+        for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
+          const bool norm = variant == 2;
+          for (bool swiglu : {false, true}) {
+            if (swiglu && !norm) continue;
+            INFO(dtype_name(dt) << " k=" << c.k << " n=" << c.n << " wpr=" << wpr << " variant=" << variant
+                                << " swiglu=" << swiglu);
+            const std::int64_t rows = swiglu ? 2 * c.n : c.n;
+            auto x = randn(rng, static_cast<std::size_t>(c.k), norm ? 3.0f : 1.0f);
+            auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+            for (auto& v : g) v += 1.0f;
+            auto w = randn(rng, static_cast<std::size_t>(rows * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
+            auto out0 = randn(rng, static_cast<std::size_t>(c.n));
+            for (auto* v : {&x, &g, &w, &out0}) round_through(*v, dt);
+            const DType out_dt = variant == 1 ? DType::f32 : dt;
+            std::vector<float> want(static_cast<std::size_t>(c.n));
+            Tensor gout;
+            if (norm) {
+              std::vector<float> h(x.size()), y(static_cast<std::size_t>(rows));
+              be.cpu.rms_norm_gemm(host_view(want, {1, c.n}), host_view(x, {1, c.k}), host_view(g, {c.k}), 1e-6f,
+                                   host_view(w, {rows, c.k}), swiglu, host_view(h, {1, c.k}),
+                                   swiglu ? host_view(y, {1, rows}) : Tensor());
+              gout = be.gpu_poisoned(dt, {1, c.n});
+              be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
+                                    be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {1, c.k}),
+                                    swiglu ? be.gpu_poisoned(dt, {1, rows}) : Tensor());
+            } else {
+              const float beta = variant == 0 ? 1.0f : 0.0f;
+              want = out0;
+              be.cpu.gemm(Tensor(want.data(), DType::f32, {1, c.n}), host_view(x, {1, c.k}), host_view(w, {c.n, c.k}),
+                          WeightLayout::out_in, Tensor(), beta, 0);
+              gout = beta != 0.0f ? be.gpu_tensor(out0, out_dt, {1, c.n}) : be.gpu_poisoned(out_dt, {1, c.n});
+              be.gpu->gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(w, dt, {c.n, c.k}), WeightLayout::out_in,
+                           Tensor(), beta, 0);
+            }
+            // Values are O(1) (weights of std 1/sqrt(k)). f32: f32 sums in another order; bf16
+            // output: one rounding (and the norm's roundings as HF does them), the CPU keeps f32.
+            const bool exact_out = out_dt == DType::f32;
+            require_close(be.read(gout), want, exact_out ? (dt == DType::f32 ? 2e-5 : 1e-4) : 2.5e-2,
+                          exact_out ? 1e-4 : 2e-2);
+          }
+        }
       }
     }
   }
