@@ -163,6 +163,9 @@ class CudaBackend final : public Backend {
   void host_copy(char* dst, const char* src, std::size_t bytes);
   // gemv_partial_ and gemv_tickets_ sized for an in_out GEMV of that shape (launch_gemv).
   void ensure_gemv_scratch(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k);
+  // The same buffers with at least this many partial floats and zeroed tickets (the split-K
+  // kernels run one at a time on the stream, so they share them).
+  void ensure_split_scratch(std::size_t partial_floats, std::size_t tickets);
   // The checked kernel parameters of qk_transform_store and attention (Error on bad shapes).
   QkTransformParams qk_params(const Tensor& qkv, const HeadGeometry& heads, const QkTransform& t,
                               const DeviceBatch& batch, const KvLayer& cache) const;
@@ -222,6 +225,9 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   // XSERV_CUDA_GEMV=0 sends decode GEMMs to cuBLASLt too (for comparisons).
   bool use_gemv_ = true;
+  // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
+  // instead of cuBLASLt; XSERV_CUDA_SKINNY_ROWS=0 turns it off (for comparisons).
+  std::int64_t skinny_rows_ = max_skinny_gemm_rows;
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
@@ -247,6 +253,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<Gemm>(stream_, work_);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
 }
@@ -523,6 +530,14 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
                 static_cast<float*>(gemv_partial_.data()), static_cast<unsigned*>(gemv_tickets_.data()));
     return;
   }
+  if (!in_out && skinny_gemm_supported(a.dtype, m, n, k, a.data, w.data, skinny_rows_)) {
+    // A handful of rows: one pass over the weight on tensor cores, K split to fill the GPU.
+    ensure_split_scratch(skinny_gemm_scratch_floats(m, n, k, sm_count_), skinny_gemm_tickets(n));
+    launch_skinny_gemm(stream_, out.dtype, out.data, ldo, a.data, w.data, bias.empty() ? nullptr : bias.data,
+                       beta, m, n, k, sm_count_, static_cast<float*>(gemv_partial_.data()),
+                       static_cast<unsigned*>(gemv_tickets_.data()));
+    return;
+  }
   XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");
   gemm_->run(a.dtype, out.dtype, out.data, ldo, a.data, w.data, layout,
              bias.empty() ? nullptr : bias.data, beta, m, n, k);
@@ -532,10 +547,15 @@ void CudaBackend::ensure_gemv_scratch(DType dt, bool in_out, std::int64_t m, std
                                       std::int64_t k) {
   const std::size_t partial = gemv_scratch_floats(dt, in_out, m, n, k, sm_count_);
   if (partial == 0) return;
-  ensure_scratch(gemv_partial_, partial * sizeof(float));
-  const std::size_t tickets = gemv_tickets(dt, n) * sizeof(unsigned);
-  if (gemv_tickets_.size() < tickets) {
-    ensure_scratch(gemv_tickets_, tickets);
+  ensure_split_scratch(partial, gemv_tickets(dt, n));
+}
+
+void CudaBackend::ensure_split_scratch(std::size_t partial_floats, std::size_t tickets) {
+  if (partial_floats == 0) return;
+  ensure_scratch(gemv_partial_, partial_floats * sizeof(float));
+  const std::size_t ticket_bytes = tickets * sizeof(unsigned);
+  if (gemv_tickets_.size() < ticket_bytes) {
+    ensure_scratch(gemv_tickets_, ticket_bytes);
     XSERV_CUDA_CHECK(cudaMemsetAsync(gemv_tickets_.data(), 0, gemv_tickets_.size(), stream_));
   }
 }
