@@ -163,7 +163,7 @@ TEST_CASE("cuda skinny gemm: which products take the tensor-core kernel", "[cuda
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 33, 4096, 4096, p, p, 32));
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, p, p, 8));  // lowered limit
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::f32, 16, 4096, 4096, p, p, 32));
-  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4000, 4096, p, p, 32));  // N % 32
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4008, 4096, p, p, 32));  // N % 32
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4000, p, p, 32));  // K % 64
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, odd, p, 32));
   CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, p, odd, 32));
