@@ -41,7 +41,8 @@
 #                                       test), then batched decode (8/16/32 rows) and serving at
 #                                       16/64 concurrent with 5..32-row GEMMs on cuBLASLt (before,
 #                                       XSERV_CUDA_SKINNY_ROWS=0) and on the skinny kernel (after);
-#                                       SKINNY_NCU=1 adds one 16-row Qwen3-8B step per kernel (ncu)
+#                                       SKINNY_NCU=1 adds one 16-row Qwen3-8B step per kernel (ncu),
+#                                       SKINNY_SERVE=0 leaves the serving runs out
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -223,8 +224,10 @@ elif [ "$stage" = skinny ]; then
     for m in qwen3-8b qwen3-1.7b; do
       ab "generate_bench $m, decode at 8/16/32 rows (128+64)" "$bin/generate_bench" $(dummy $m) --batch 8,16,32 --prompt-len 128 --gen-len 64 --repeat 1
     done
-    ab "serve_bench Qwen3-8B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 16,64 --max-batch-tokens 2048
-    ab "serve_bench Qwen3-1.7B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-1.7b) --concurrency 16,64 --max-batch-tokens 2048
+    if [ "${SKINNY_SERVE:-1}" = 1 ]; then
+      ab "serve_bench Qwen3-8B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 16,64 --max-batch-tokens 2048
+      ab "serve_bench Qwen3-1.7B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-1.7b) --concurrency 16,64 --max-batch-tokens 2048
+    fi
     if [ "${SKINNY_NCU:-0}" = 1 ]; then
       mkdir -p /tmp/ncu
       ncu_step bench/configs/qwen3-8b.json 16 skinny16
