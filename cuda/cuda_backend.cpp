@@ -163,9 +163,6 @@ class CudaBackend final : public Backend {
   void host_copy(char* dst, const char* src, std::size_t bytes);
   // gemv_partial_ and gemv_tickets_ sized for an in_out GEMV of that shape (launch_gemv).
   void ensure_gemv_scratch(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::int64_t k);
-  // The same buffers with at least this many partial floats and zeroed tickets (the split-K
-  // kernels run one at a time on the stream, so they share them).
-  void ensure_split_scratch(std::size_t partial_floats, std::size_t tickets);
   // The checked kernel parameters of qk_transform_store and attention (Error on bad shapes).
   QkTransformParams qk_params(const Tensor& qkv, const HeadGeometry& heads, const QkTransform& t,
                               const DeviceBatch& batch, const KvLayer& cache) const;
@@ -531,11 +528,9 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
     return;
   }
   if (!in_out && skinny_gemm_supported(a.dtype, m, n, k, a.data, w.data, skinny_rows_)) {
-    // A handful of rows: one pass over the weight on tensor cores, K split to fill the GPU.
-    ensure_split_scratch(skinny_gemm_scratch_floats(m, n, k, sm_count_), skinny_gemm_tickets(n));
+    // A handful of rows: one pass over the weight on tensor cores (cuBLASLt leaves SMs idle).
     launch_skinny_gemm(stream_, out.dtype, out.data, ldo, a.data, w.data, bias.empty() ? nullptr : bias.data,
-                       beta, m, n, k, sm_count_, static_cast<float*>(gemv_partial_.data()),
-                       static_cast<unsigned*>(gemv_tickets_.data()));
+                       beta, m, n, k, sm_count_);
     return;
   }
   XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");
@@ -547,15 +542,10 @@ void CudaBackend::ensure_gemv_scratch(DType dt, bool in_out, std::int64_t m, std
                                       std::int64_t k) {
   const std::size_t partial = gemv_scratch_floats(dt, in_out, m, n, k, sm_count_);
   if (partial == 0) return;
-  ensure_split_scratch(partial, gemv_tickets(dt, n));
-}
-
-void CudaBackend::ensure_split_scratch(std::size_t partial_floats, std::size_t tickets) {
-  if (partial_floats == 0) return;
-  ensure_scratch(gemv_partial_, partial_floats * sizeof(float));
-  const std::size_t ticket_bytes = tickets * sizeof(unsigned);
-  if (gemv_tickets_.size() < ticket_bytes) {
-    ensure_scratch(gemv_tickets_, ticket_bytes);
+  ensure_scratch(gemv_partial_, partial * sizeof(float));
+  const std::size_t tickets = gemv_tickets(dt, n) * sizeof(unsigned);
+  if (gemv_tickets_.size() < tickets) {
+    ensure_scratch(gemv_tickets_, tickets);
     XSERV_CUDA_CHECK(cudaMemsetAsync(gemv_tickets_.data(), 0, gemv_tickets_.size(), stream_));
   }
 }

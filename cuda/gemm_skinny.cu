@@ -20,12 +20,14 @@
 // are held by the lanes with that q: the K order inside a step is permuted, which a dot product
 // does not mind, and every load is a full 16-byte vector.
 //
-// Work split: a block of 4 warps owns 128 weight rows (32 a warp, a "slab") and a range of K
-// steps that all its warps walk together, so the activation lines one warp brings into L1 serve
-// the other three. When the row blocks alone do not fill the GPU, K is split over blockIdx.y:
-// each block writes an f32 partial and the last block of a row block to finish (atomic ticket,
-// reset for the next launch or graph replay) adds the partials in split order, so results do not
-// depend on timing. Outputs leave through shared memory as whole 32-column rows (coalesced).
+// Work split: a block owns one 32-row slab of W (two 16-row mma tiles) and splits its K steps
+// over its W warps (interleaved, so they read neighbouring memory at the same time and share the
+// activation lines in L1); the warps add their accumulators in shared memory in warp order (the
+// result does not depend on timing) and write each output row as 32 consecutive columns. W is
+// chosen per shape so the whole GPU streams at once: 16 warps a slab for Qwen3-8B's o_proj (128
+// slabs), 2 for its gate|up (768 slabs), 1 for the lm_head. No split crosses blocks: an earlier
+// version split K over blocks with a last-block reduction, and that reduction (one block reading
+// every split's partials at L2 latency) halved the speed.
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -36,10 +38,8 @@ namespace xserv::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int warps = 4;
-constexpr int threads = warps * 32;
-constexpr int slab_rows = 32;  // weight rows per warp: two 16-row mma tiles
-constexpr int block_rows = warps * slab_rows;
+constexpr int max_warps = 16;
+constexpr int slab_rows = 32;  // weight rows per block: two 16-row mma tiles
 constexpr int k_step = 64;
 constexpr int smem_stride = slab_rows + 4;  // +4 floats: the fragment stores hit 32 banks
 
@@ -50,15 +50,14 @@ struct SkinnyParams {
   const bf16* w;
   const bf16* bias;
   float beta;
-  int m, n, k, splits;
-  float* partial;     // [splits, m, n] when splits > 1
-  unsigned* tickets;  // [ceil(n / block_rows)], zero between launches
+  int m, n, k;
 };
 
 // Weight bytes are read once: keep them out of L1 so the activations stay there.
+// Volatile so the compiler keeps the next step's loads ahead of this step's products.
 __device__ __forceinline__ uint4 load_weight(const bf16* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
@@ -85,22 +84,19 @@ __device__ __forceinline__ void finish(const SkinnyParams& p, int m, int col, fl
   *o = from_f32<OutT>(v);
 }
 
+// Launch: grid (N / 32), warps * 32 threads, warps * MT * 8 * smem_stride floats of shared memory.
 template <int MT, typename OutT>
-__global__ void __launch_bounds__(threads) skinny_gemm_kernel(const SkinnyParams p) {
-  __shared__ float s_out[warps][MT * 8][smem_stride];
-  __shared__ bool s_last;
+__global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const SkinnyParams p) {
+  extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
   allow_dependents();
-  const int split = blockIdx.y;
+  const int warps = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int col0 = blockIdx.x * block_rows + warp * slab_rows;  // this warp's first weight row
-  const bool has_slab = col0 < p.n;                              // N % 32 == 0: whole slabs
+  const int col0 = blockIdx.x * slab_rows;
   const int steps = p.k / k_step;
-  const int s_begin = static_cast<int>(static_cast<long long>(split) * steps / p.splits);
-  const int s_end = has_slab ? static_cast<int>(static_cast<long long>(split + 1) * steps / p.splits) : s_begin;
 
   // This lane's weight rows g, g + 8, g + 16, g + 24 of the slab, at its K offset 8q.
-  const bf16* wp = p.w + static_cast<std::int64_t>(has_slab ? col0 + g : 0) * p.k + q * 8;
+  const bf16* wp = p.w + static_cast<std::int64_t>(col0 + g) * p.k + q * 8;
   const std::int64_t row8 = static_cast<std::int64_t>(8) * p.k;
   const bf16* ap[MT];
   bool a_ok[MT];
@@ -113,24 +109,25 @@ __global__ void __launch_bounds__(threads) skinny_gemm_kernel(const SkinnyParams
 
   float acc[2][MT][4] = {};
   uint4 w_next[4][2];  // [row g + 8r][chunk]: the next step's weights, loaded a step ahead
-  if (s_begin < s_end) {
+  int s = warp;
+  if (s < steps) {
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + s_begin * k_step + c * 32);
+      for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + s * k_step + c * 32);
   }
   grid_dependency_wait();  // the activations come from the kernel before this one
-  for (int s = s_begin; s < s_end; ++s) {
+  for (; s < steps; s += warps) {
     uint4 wv[4][2];
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 2; ++c) wv[r][c] = w_next[r][c];
-    if (s + 1 < s_end) {
+    if (s + warps < steps) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + (s + 1) * k_step + c * 32);
+        for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + (s + warps) * k_step + c * 32);
     }
     uint4 av[MT][2];
 #pragma unroll
@@ -154,76 +151,72 @@ __global__ void __launch_bounds__(threads) skinny_gemm_kernel(const SkinnyParams
   }
 
   // acc[tile][t][i]: weight row tile * 16 + g + 8 * (i / 2), activation row t * 8 + 2q + i % 2.
-  // Through shared memory so that each output row leaves as 32 consecutive columns.
+  float* mine = s_acc + warp * (MT * 8 * smem_stride);
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
     for (int t = 0; t < MT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        s_out[warp][t * 8 + 2 * q + (i & 1)][tile * 16 + g + 8 * (i >> 1)] = acc[tile][t][i];
-  __syncwarp();
+        mine[(t * 8 + 2 * q + (i & 1)) * smem_stride + tile * 16 + g + 8 * (i >> 1)] = acc[tile][t][i];
+  __syncthreads();
+  // Thread (m, r) adds the warps' values of output row m, column col0 + r in warp order.
   const int rows = min(p.m, MT * 8);
-  if (p.splits == 1) {
-    if (has_slab)
-      for (int m = 0; m < rows; ++m) finish<OutT>(p, m, col0 + lane, s_out[warp][m][lane]);
-    return;
+  for (int idx = threadIdx.x; idx < rows * slab_rows; idx += blockDim.x) {
+    const int m = idx / slab_rows, r = idx % slab_rows;
+    float v = 0.0f;
+    for (int w = 0; w < warps; ++w) v += s_acc[(w * MT * 8 + m) * smem_stride + r];
+    OutT* o = static_cast<OutT*>(p.out) + static_cast<std::int64_t>(m) * p.ldo + col0 + r;
+    if (p.bias) v += to_f32(p.bias[col0 + r]);
+    if (p.beta != 0.0f) v += p.beta * to_f32(*o);
+    *o = from_f32<OutT>(v);
   }
-  if (has_slab)
-    for (int m = 0; m < rows; ++m)
-      p.partial[(static_cast<std::int64_t>(split) * p.m + m) * p.n + col0 + lane] = s_out[warp][m][lane];
-  __threadfence();  // partials visible device-wide before the ticket says so
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&p.tickets[blockIdx.x], 1u) == static_cast<unsigned>(p.splits - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  if (has_slab)
-    for (int m = 0; m < rows; ++m) {
-      float v = 0.0f;
-      for (int sp = 0; sp < p.splits; ++sp)
-        v += __ldcg(&p.partial[(static_cast<std::int64_t>(sp) * p.m + m) * p.n + col0 + lane]);
-      finish<OutT>(p, m, col0 + lane, v);
-    }
-  if (threadIdx.x == 0) p.tickets[blockIdx.x] = 0;
+}
+
+template <int MT>
+std::size_t smem_bytes(int warps) {
+  return static_cast<std::size_t>(warps) * MT * 8 * smem_stride * sizeof(float);
+}
+
+// Warps of this kernel one SM holds (registers bound it), and the opt-in to more than 48 KB of
+// dynamic shared memory for 16-warp blocks of 32 rows.
+template <int MT, typename OutT>
+int warps_per_sm() {
+  static const int warps = [] {
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<MT, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem_bytes<MT>(max_warps))));
+    int blocks = 0;
+    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_gemm_kernel<MT, OutT>, 32,
+                                                                   smem_bytes<MT>(1)));
+    return std::max(blocks, 1);
+  }();
+  return warps;
+}
+
+// Warps per block: the power of two (1..16, at most one per K step and what an SM holds) that
+// brings slabs x warps closest to every SM full.
+int warps_for(int slabs, int steps, int per_sm, int sm_count) {
+  const double ideal = static_cast<double>(per_sm) * sm_count / slabs;
+  int w = 1;
+  while (w * 2 <= std::min({max_warps, steps, per_sm}) && w * 1.5 < ideal) w *= 2;
+  return w;
 }
 
 template <int MT, typename OutT>
-int resident_blocks() {
-  static const int blocks = [] {
-    int b = 0;
-    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, skinny_gemm_kernel<MT, OutT>, threads, 0));
-    return std::max(b, 1);
-  }();
-  return blocks;
-}
-
-// Blocks that fit on the GPU at once for this M (the f32-out kernel is the same size).
-int wave_blocks(std::int64_t m, int sm_count) {
-  switch ((m + 7) / 8) {
-    case 1: return sm_count * resident_blocks<1, bf16>();
-    case 2: return sm_count * resident_blocks<2, bf16>();
-    case 3: return sm_count * resident_blocks<3, bf16>();
-    default: return sm_count * resident_blocks<4, bf16>();
-  }
-}
-
-// K splits: enough blocks for about one full wave, at least two K steps a block (each warp's
-// loads run one step ahead of its products).
-int splits_for(std::int64_t m, std::int64_t n, std::int64_t k, int sm_count) {
-  const std::int64_t blocks = (n + block_rows - 1) / block_rows, steps = k / k_step;
-  const std::int64_t want = std::max<std::int64_t>(1, (wave_blocks(m, sm_count) + blocks / 2) / blocks);
-  return static_cast<int>(std::clamp<std::int64_t>(std::min(want, steps / 2), 1, 64));
+void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+  const int per_sm = warps_per_sm<MT, OutT>();
+  const int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
+  launch_pdl(skinny_gemm_kernel<MT, OutT>, dim3(static_cast<unsigned>(p.n / slab_rows)), dim3(warps * 32),
+             smem_bytes<MT>(warps), stream, p);
 }
 
 template <typename OutT>
-void launch_typed(cudaStream_t stream, const SkinnyParams& p) {
-  const dim3 grid(static_cast<unsigned>((p.n + block_rows - 1) / block_rows), static_cast<unsigned>(p.splits));
+void launch_typed(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   switch ((p.m + 7) / 8) {
-    case 1: launch_pdl(skinny_gemm_kernel<1, OutT>, grid, dim3(threads), 0, stream, p); break;
-    case 2: launch_pdl(skinny_gemm_kernel<2, OutT>, grid, dim3(threads), 0, stream, p); break;
-    case 3: launch_pdl(skinny_gemm_kernel<3, OutT>, grid, dim3(threads), 0, stream, p); break;
-    default: launch_pdl(skinny_gemm_kernel<4, OutT>, grid, dim3(threads), 0, stream, p); break;
+    case 1: launch_mt<1, OutT>(stream, p, sm_count); break;
+    case 2: launch_mt<2, OutT>(stream, p, sm_count); break;
+    case 3: launch_mt<3, OutT>(stream, p, sm_count); break;
+    default: launch_mt<4, OutT>(stream, p, sm_count); break;
   }
 }
 
@@ -238,23 +231,14 @@ bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_
          k <= (std::int64_t{1} << 30) && aligned16(a) && aligned16(w);
 }
 
-std::size_t skinny_gemm_scratch_floats(std::int64_t m, std::int64_t n, std::int64_t k, int sm_count) {
-  const int splits = splits_for(m, n, k, sm_count);
-  return splits > 1 ? static_cast<std::size_t>(splits * m * n) : 0;
-}
-
-std::size_t skinny_gemm_tickets(std::int64_t n) noexcept {
-  return static_cast<std::size_t>((n + block_rows - 1) / block_rows);
-}
-
 void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
                         const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
-                        std::int64_t k, int sm_count, float* partial, unsigned* tickets) {
-  SkinnyParams p{out, ldo, static_cast<const bf16*>(a), static_cast<const bf16*>(w),
-                 static_cast<const bf16*>(bias), beta, static_cast<int>(m), static_cast<int>(n),
-                 static_cast<int>(k), splits_for(m, n, k, sm_count), partial, tickets};
-  if (out_dt == DType::f32) launch_typed<float>(stream, p);
-  else launch_typed<bf16>(stream, p);
+                        std::int64_t k, int sm_count) {
+  const SkinnyParams p{out, ldo, static_cast<const bf16*>(a), static_cast<const bf16*>(w),
+                       static_cast<const bf16*>(bias), beta, static_cast<int>(m), static_cast<int>(n),
+                       static_cast<int>(k)};
+  if (out_dt == DType::f32) launch_typed<float>(stream, p, sm_count);
+  else launch_typed<bf16>(stream, p, sm_count);
 }
 
 }  // namespace xserv::cuda

@@ -67,17 +67,13 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
 // decode), a and W [N, K] (out_in) in bf16, out in bf16 or f32: each weight element is loaded
 // once and used for every row (gemm_skinny.cu says how). Needs N % 32 == 0, K % 64 == 0 and
-// 16-byte aligned a and W; max_rows lowers the row limit (XSERV_CUDA_SKINNY_ROWS). Splitting K
-// over blocks needs skinny_gemm_scratch_floats() floats of scratch and skinny_gemm_tickets()
-// zeroed counters (left zeroed).
+// 16-byte aligned a and W; max_rows lowers the row limit (XSERV_CUDA_SKINNY_ROWS).
 constexpr std::int64_t max_skinny_gemm_rows = 32;
 bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                            const void* w, std::int64_t max_rows) noexcept;
-std::size_t skinny_gemm_scratch_floats(std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
-std::size_t skinny_gemm_tickets(std::int64_t n) noexcept;
 void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
                         const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
-                        std::int64_t k, int sm_count, float* partial, unsigned* tickets);
+                        std::int64_t k, int sm_count);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as
