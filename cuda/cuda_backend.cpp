@@ -223,8 +223,8 @@ class CudaBackend final : public Backend {
   // XSERV_CUDA_GEMV=0 sends decode GEMMs to cuBLASLt too (for comparisons).
   bool use_gemv_ = true;
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
-  // instead of cuBLASLt; XSERV_CUDA_SKINNY_ROWS=0 turns it off (for comparisons).
-  std::int64_t skinny_rows_ = max_skinny_gemm_rows;
+  // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
+  std::int64_t skinny_rows_ = default_skinny_gemm_rows;
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
