@@ -225,6 +225,9 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   // XSERV_CUDA_GEMV=0 sends decode GEMMs to cuBLASLt too (for comparisons).
   bool use_gemv_ = true;
+  // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
+  // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
+  std::int64_t skinny_rows_ = default_skinny_gemm_rows;
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
@@ -253,6 +256,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   gemm_ = std::make_unique<Gemm>(stream_, work_);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
@@ -528,6 +532,12 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
     launch_gemv(stream_, a.dtype, out.dtype, in_out, out.data, ldo, a.data, w.data,
                 bias.empty() ? nullptr : bias.data, beta, m, n, k, sm_count_,
                 static_cast<float*>(gemv_partial_.data()), static_cast<unsigned*>(gemv_tickets_.data()));
+    return;
+  }
+  if (!in_out && skinny_gemm_supported(a.dtype, m, n, k, a.data, w.data, skinny_rows_)) {
+    // A handful of rows: one pass over the weight on tensor cores (cuBLASLt leaves SMs idle).
+    launch_skinny_gemm(stream_, out.dtype, out.data, ldo, a.data, w.data, bias.empty() ? nullptr : bias.data,
+                       beta, m, n, k, sm_count_);
     return;
   }
   XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");

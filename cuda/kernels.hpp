@@ -75,6 +75,19 @@ struct GemvTuning {
   bool old_split = false;
 };
 GemvTuning& gemv_tuning() noexcept;
+// gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
+// decode), a and W [N, K] (out_in) in bf16, out in bf16 or f32: each weight element is loaded
+// once and used for every row (gemm_skinny.cu says how). Needs N % 32 == 0, K % 64 == 0 and
+// 16-byte aligned a and W; max_rows lowers the row limit (XSERV_CUDA_SKINNY_ROWS). Used up to
+// default_skinny_gemm_rows: on the H200 it matches cuBLASLt at 8 and 16 rows on Qwen3-8B and
+// beats it by ~3% on Qwen3-1.7B, and loses at 32 (docs/benchmarks.md, "A skinny tensor-core GEMM").
+constexpr std::int64_t max_skinny_gemm_rows = 32;
+constexpr std::int64_t default_skinny_gemm_rows = 16;
+bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+                           const void* w, std::int64_t max_rows) noexcept;
+void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
+                        const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
+                        std::int64_t k, int sm_count);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as

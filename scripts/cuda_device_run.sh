@@ -40,6 +40,12 @@
 #   scripts/cuda_device_run.sh gemv    the decode GEMV tests, memcheck over every K split,
 #                                       the GEMV launch-shape sweep (bench/gemv_bench), batch-1
 #                                       decode of every model before/after (GEMV_SIDES), 8B at 16 rows
+#   scripts/cuda_device_run.sh skinny  the GEMM, engine and graph tests (memcheck over the GEMM
+#                                       test), then batched decode (8/16/32 rows) and serving at
+#                                       16/64 concurrent with 5..32-row GEMMs on cuBLASLt (before,
+#                                       XSERV_CUDA_SKINNY_ROWS=0) and on the skinny kernel (after);
+#                                       SKINNY_NCU=1 adds one 16-row Qwen3-8B step per kernel (ncu),
+#                                       SKINNY_SERVE=0 leaves the serving runs out
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -245,6 +251,33 @@ elif [ "$stage" = attn ]; then
     ab "serve_bench Qwen3-8B, 1 and 128 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 1,128 --max-batch-tokens 2048
     if [ -n "${ATTN_17B:-}" ]; then
       ab "generate_bench Qwen3-1.7B, decode after a 4096-token prompt" "$bin/generate_bench" $(dummy qwen3-1.7b) --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
+    fi
+  } 2>&1 | tee "$OUT/ab.txt"
+elif [ "$stage" = skinny ]; then
+  echo "== GEMM, engine and graph tests under compute-sanitizer memcheck, then without"
+  timeout 150 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 "$bin/xserv_tests" \
+    "cuda gemm*,cuda skinny*" >"$OUT/sanitizer.txt" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/sanitizer.txt" | tail -12
+  timeout 150 "$bin/xserv_tests" "cuda engine*,cuda: decode steps*,cuda: tiny*,cuda gemm*,cuda skinny*" >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -12
+  dummy() { echo --dummy-weights --config bench/configs/$1.json --device cuda; }
+  ab() {  # label, command...: 5..32-row GEMMs on cuBLASLt (before), then on the skinny kernel
+    echo "== $1"
+    echo "-- before"; XSERV_CUDA_SKINNY_ROWS=0 timeout 120 "${@:2}" 2>&1 | grep -E "^\| [0-9]|rror"
+    echo "-- after"; timeout 120 "${@:2}" 2>&1 | grep -E "^\| [0-9]|rror"
+  }
+  {
+    for m in qwen3-8b qwen3-1.7b; do
+      ab "generate_bench $m, decode at 8/16/32 rows (128+64)" "$bin/generate_bench" $(dummy $m) --batch 8,16,32 --prompt-len 128 --gen-len 64 --repeat 1
+    done
+    if [ "${SKINNY_SERVE:-1}" = 1 ]; then
+      ab "serve_bench Qwen3-8B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-8b) --concurrency 16,64 --max-batch-tokens 2048
+      ab "serve_bench Qwen3-1.7B, 16 and 64 at once, 128+128" "$bin/serve_bench" $(dummy qwen3-1.7b) --concurrency 16,64 --max-batch-tokens 2048
+    fi
+    if [ "${SKINNY_NCU:-0}" = 1 ]; then
+      mkdir -p /tmp/ncu
+      ncu_step bench/configs/qwen3-8b.json 16 skinny16
+      ncu_step bench/configs/qwen3-8b.json 16 cublas16 XSERV_CUDA_SKINNY_ROWS=0
     fi
   } 2>&1 | tee "$OUT/ab.txt"
 elif [ "$stage" = prefill ]; then

@@ -91,13 +91,18 @@ TEST_CASE("cuda layer_norm and rms_norm with and without the fused residual", "[
 
 TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
+  // Every row count the skinny kernel supports (the default stops at 16), read at construction.
+  const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
   GpuCpu be;
   std::mt19937 rng(3);
   struct Case {
     std::int64_t m, k, n;
   };
-  const Case cases[] = {{1, 64, 64},     {1, 1024, 3072}, {7, 320, 200},
-                        {2, 4096, 96},   {64, 768, 2304}, {130, 512, 96}};
+  // 5..32 rows with N % 32 == 0 and K % 64 == 0 take the tensor-core skinny kernel in bf16
+  // (out_in): one 8-row tile or several, partial tiles, K split over many blocks or not.
+  const Case cases[] = {{1, 64, 64},     {1, 1024, 3072}, {7, 320, 200},  {2, 4096, 96},
+                        {64, 768, 2304}, {130, 512, 96},  {5, 64, 32},    {8, 1024, 1024},
+                        {16, 4096, 96},  {23, 640, 160},  {32, 2048, 544}, {12, 12288, 64}};
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
@@ -144,6 +149,26 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
       }
     }
   }
+}
+
+TEST_CASE("cuda skinny gemm: which products take the tensor-core kernel", "[cuda]") {
+  // Host-side dispatch only (no device needed): the shapes of batched Qwen3 decode qualify, the
+  // rest goes to the GEMV kernels (up to 4 rows) or cuBLASLt.
+  alignas(16) static const std::uint16_t buf[16] = {};
+  const void* p = buf;
+  const void* odd = reinterpret_cast<const char*>(buf) + 2;
+  for (std::int64_t m : {5, 8, 16, 31, 32}) {
+    CHECK(cuda::skinny_gemm_supported(DType::bf16, m, 6144, 4096, p, p, 32));  // Qwen3-8B q|k|v
+    CHECK(cuda::skinny_gemm_supported(DType::bf16, m, 151936, 4096, p, p, 32));  // lm_head
+  }
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 4, 4096, 4096, p, p, 32));  // GEMV rows
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 33, 4096, 4096, p, p, 32));
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, p, p, 8));  // lowered limit
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::f32, 16, 4096, 4096, p, p, 32));
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4008, 4096, p, p, 32));  // N % 32
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4000, p, p, 32));  // K % 64
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, odd, p, 32));
+  CHECK_FALSE(cuda::skinny_gemm_supported(DType::bf16, 16, 4096, 4096, p, odd, 32));
 }
 
 TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epilogue)", "[cuda]") {
