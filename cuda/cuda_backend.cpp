@@ -201,6 +201,7 @@ class CudaBackend final : public Backend {
 
   // Split-KV partials and sampling inputs.
   Buffer split_scratch_;
+  Buffer attention_tickets_;  // AttentionParams::tickets of the decode attention (kept zeroed)
   Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
   PinnedBuffer sample_host_;
   Buffer sample_device_;
@@ -261,6 +262,7 @@ CudaBackend::~CudaBackend() {
   transit_ = Buffer();
   batch_device_ = Buffer();
   split_scratch_ = Buffer();
+  attention_tickets_ = Buffer();
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
   sample_device_ = Buffer();
@@ -697,6 +699,14 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
     p.partial_out = static_cast<float*>(split_scratch_.data());
     p.partial_ml = p.partial_out + parts * p.head_dim;
   }
+  // Sized at every call, split or not, so the largest batch of warm-up allocates what any later
+  // graph capture needs.
+  const std::size_t ticket_bytes = static_cast<std::size_t>(p.num_tokens) * p.n_kv_heads * sizeof(unsigned);
+  if (attention_tickets_.size() < ticket_bytes) {
+    ensure_scratch(attention_tickets_, ticket_bytes);
+    XSERV_CUDA_CHECK(cudaMemsetAsync(attention_tickets_.data(), 0, attention_tickets_.size(), stream_));
+  }
+  p.tickets = static_cast<unsigned*>(attention_tickets_.data());
   launch_attention_rows(stream_, dt, p);
 }
 

@@ -136,6 +136,10 @@ struct AttentionParams {
   float* partial_out = nullptr;
   float* partial_ml = nullptr;
   std::int32_t num_splits = 1, split_size = 0;
+  // [T, n_kv_heads] counters, zero between launches: the bf16 mma decode kernel's blocks count
+  // their finished splits here and the last one merges them (and resets its counter). Without
+  // them, split launches take the tile kernel and a merge kernel instead.
+  unsigned* tickets = nullptr;
 };
 // One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
