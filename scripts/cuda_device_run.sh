@@ -37,7 +37,7 @@
 #                                       (before), as default (after) and with the opt-in one-kernel
 #                                       attention: every model at batch 1, a long-ish
 #                                       context, 16 rows; GPT-2 + Qwen3-0.6B parity with transformers
-#   scripts/cuda_device_run.sh dattn   [cuda] tests (SKIP_TESTS=1: none), compute-sanitizer over the
+#   scripts/cuda_device_run.sh dattn   [cuda] tests (TEST_SPEC: a filter; SKIP_TESTS=1: none), compute-sanitizer over the
 #                                       decode attention tests, then decode with the tile kernel
 #                                       (XSERV_CUDA_ATTN_MMA=0, before) and the mma kernel (after):
 #                                       Qwen3-8B after 16k, 1.7B after 4k, batch 1 of 0.6B/1.7B/8B,
@@ -77,7 +77,7 @@ bench() {  # model dir, extra args; prints generate_bench's table
 
 run_cuda_tests() {  # the [cuda] tests; the log in $OUT/tests.txt, failures and totals here
   echo "== [cuda] tests"
-  timeout "$1" "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
+  timeout "$1" "$bin/xserv_tests" "${TEST_SPEC:-[cuda]}" --durations yes >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
 }
 
@@ -277,8 +277,9 @@ elif [ "$stage" = dattn ]; then
   {
     ab "before after ${VARIANTS:-}" generate_bench qwen3-8b --prompt-len 16384 --gen-len 16 --batch 1 --repeat 1
     ab "before after ${VARIANTS:-}" generate_bench qwen3-1.7b --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
-    for m in qwen3-0.6b qwen3-1.7b qwen3-8b; do
-      ab "before after ${VARIANTS:-}" generate_bench $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
+    ab "before after ${VARIANTS:-}" generate_bench qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
+    for m in qwen3-1.7b qwen3-8b; do
+      ab "before after" generate_bench $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
     done
     [ "${SERVE:-1}" = 1 ] && ab "before after" serve_bench qwen3-8b --concurrency 16,128 --max-batch-tokens 2048
   } 2>&1 | tee "$OUT/ab.txt"
