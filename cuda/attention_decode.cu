@@ -23,6 +23,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/mma.cuh"
+#include "cuda/qk_transform.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -429,9 +430,11 @@ constexpr int merge_bytes(int group, int splits) {
   return merge_floats(group, splits) * 4 + mma_threads * 16;
 }
 
-template <int D, int Stages>
-__global__ void __launch_bounds__(mma_threads) attention_decode_mma_kernel(const AttentionParams p) {
+template <int D, int Stages, bool Fused>
+__global__ void __launch_bounds__(mma_threads)
+    attention_decode_mma_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
+  const AttentionParams& p = params.attn;
   using Lay = DecodeLayout<D, Stages>;
   constexpr int pieces = D / 8;               // 16-byte pieces of a K or V row
   constexpr int rows_per_copy = 32 / pieces;  // rows one warp-wide cp.async covers (2 or 4)
@@ -483,17 +486,54 @@ __global__ void __launch_bounds__(mma_threads) attention_decode_mma_kernel(const
     copy_async_commit();  // possibly empty: one group per chunk keeps the wait counts uniform
   };
   long long next_off = chunk_offset(0);
+  auto prologue_copies = [&] {
 #pragma unroll
-  for (int i = 0; i < Stages - 1; ++i) {
-    copy_chunk(i, next_off);
-    next_off = chunk_offset(i + 1);
-  }
+    for (int i = 0; i < Stages - 1; ++i) {
+      copy_chunk(i, next_off);
+      next_off = chunk_offset(i + 1);
+    }
+  };
 
-  // Q as A fragments: head g = lane / 4 (zero past the group), columns 16k + 2(l%4) + {0, 1}
-  // in a0 and + 8 in a2; rows 8 .. 15 (a1, a3) are zero.
+  // Fused (decode steps only, one row per sequence): this block transforms its G q heads into
+  // shared memory itself, and the block whose split holds the row's own key (the last one)
+  // first writes that key's k and v to the cache, then copies; the other blocks never read that
+  // key, so they start their copies before the transform.
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
-  {
+  if constexpr (Fused) {
+    __shared__ __align__(16) bf16 s_qt[8][D];
+    __shared__ float s_stage[mma_warps][D];
+    const QkTransformParams& t = params.qk;
+    const bool writer = split == (n_keys - 1) / p.split_size;
+    if (!writer) prologue_copies();
+    bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
+    const float pos = static_cast<float>(t.positions[row]);
+    const std::int64_t slot = t.slot_mapping[row];
+    for (int h = warp; h < group + (writer ? 2 : 0); h += mma_warps) {  // warp-uniform
+      if (h < group) {
+        transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],
+                             static_cast<const bf16*>(t.q_norm), pos, lane);
+      } else if (h == group) {
+        transform_head<bf16>(t, qkv_row + (p.n_q_heads + kvh) * D,
+                             static_cast<bf16*>(t.k_cache) + (slot * p.n_kv_heads + kvh) * D,
+                             s_stage[warp], static_cast<const bf16*>(t.k_norm), pos, lane);
+      } else {
+        const bf16* src = qkv_row + (p.n_q_heads + p.n_kv_heads + kvh) * D;
+        bf16* dst = static_cast<bf16*>(t.v_cache) + (slot * p.n_kv_heads + kvh) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = src[i];
+      }
+    }
+    __syncthreads();  // q in s_qt; the writer's k/v row visible to its own copies
+    if (writer) prologue_copies();
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_qt[g][16 * k + 2 * t4]) : 0u;
+      qf[k][1] = g < group ? *reinterpret_cast<const unsigned*>(&s_qt[g][16 * k + 8 + 2 * t4]) : 0u;
+    }
+  } else {
+    // Q as A fragments: head g = lane / 4 (zero past the group), columns 16k + 2(l%4) + {0, 1}
+    // in a0 and + 8 in a2; rows 8 .. 15 (a1, a3) are zero.
+    prologue_copies();
     const bf16* q_row = static_cast<const bf16*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride +
                         (kvh * group + g) * D + 2 * t4;
 #pragma unroll
@@ -819,10 +859,10 @@ constexpr int mma_max_smem() {
   return std::max(DecodeLayout<D, Stages>::ring_bytes, merge_bytes(8, max_splits));
 }
 
-template <int D, int Stages>
+template <int D, int Stages, bool Fused = false>
 auto mma_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_mma_kernel<D, Stages>;
+    auto* k = attention_decode_mma_kernel<D, Stages, Fused>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           mma_max_smem<D, Stages>()));
     return k;
@@ -850,22 +890,23 @@ int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
                      : stages == 3 ? mma_blocks_per_sm_of<128, 3>() : mma_blocks_per_sm_of<128, 4>();
 }
 
-template <int D, int Stages>
-void launch_mma(cudaStream_t stream, const AttentionParams& p) {
+template <int D, int Stages, bool Fused>
+void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
+  const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
   const int smem = std::max(DecodeLayout<D, Stages>::ring_bytes,
                             p.num_splits > 1 ? merge_bytes(group, p.num_splits) : 0);
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  launch_pdl(mma_kernel_configured<D, Stages>(), grid, dim3(mma_threads),
-             static_cast<std::size_t>(smem), stream, p);
+  launch_pdl(mma_kernel_configured<D, Stages, Fused>(), grid, dim3(mma_threads),
+             static_cast<std::size_t>(smem), stream, qp);
 }
 
-template <int D>
-void launch_mma_dim(cudaStream_t stream, const AttentionParams& p) {
+template <int D, bool Fused>
+void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
   const int stages = mma_stages();
-  if (stages == 2) launch_mma<D, 2>(stream, p);
-  else if (stages == 3) launch_mma<D, 3>(stream, p);
-  else launch_mma<D, 4>(stream, p);
+  if (stages == 2) launch_mma<D, 2, Fused>(stream, p);
+  else if (stages == 3) launch_mma<D, 3, Fused>(stream, p);
+  else launch_mma<D, 4, Fused>(stream, p);
 }
 
 template <typename T>
@@ -922,10 +963,11 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
     // The mma kernel merges its splits itself and needs the tickets for that; without them
     // (a caller that did not provide any) the tile kernel and its merge take the same splits.
     if (use_mma() && (p.num_splits == 1 || p.tickets != nullptr)) {
+      const QkAttentionParams qp{p, {}};
       if (p.head_dim == 64)
-        launch_mma_dim<64>(stream, p);
+        launch_mma_dim<64, false>(stream, qp);
       else
-        launch_mma_dim<128>(stream, p);
+        launch_mma_dim<128, false>(stream, qp);
       return;
     }
     if (p.head_dim == 64)
@@ -936,6 +978,22 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
   }
   if (dt == DType::f32) launch_rows_typed<float>(stream, p);
   else launch_rows_typed<__nv_bfloat16>(stream, p);
+}
+
+bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
+                                std::int32_t max_query_len) noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_FUSE_QK");  // at every call, as use_mma
+  const bool enabled = env != nullptr && std::string_view(env) != "0";
+  return enabled && max_query_len == 1 && use_tiles(dt, head_dim) && use_mma() && group >= 1 &&
+         group <= 8;
+}
+
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p) {
+  if (p.attn.num_tokens == 0) return;
+  if (p.attn.head_dim == 64)
+    launch_mma_dim<64, true>(stream, p);
+  else
+    launch_mma_dim<128, true>(stream, p);
 }
 
 }  // namespace xserv::cuda

@@ -167,6 +167,13 @@ struct QkAttentionParams {
   QkTransformParams qk;
 };
 bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
+// attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
+// transforms its q heads, the block of the row's own key writes k and v to the cache first), for
+// steps where every sequence has one query row. The splits (attn.num_splits, split_size,
+// partial_*, tickets) are set as for launch_attention_rows. Opt-in: XSERV_CUDA_ATTN_FUSE_QK=1.
+bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
+                                std::int32_t max_query_len) noexcept;
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
 void launch_qk_attention(cudaStream_t stream, DType dt, const QkAttentionParams& p);
 
 // sampling.cu

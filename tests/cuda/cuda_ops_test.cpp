@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
@@ -529,7 +530,8 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
 // leave most splits empty (the in-kernel merge skips them) and rows of different lengths; 40
 // rows (one split each at 8 kv heads); one 16500-key row over 2 kv heads (256 splits merged by
 // the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
-// chunk straddles blocks).
+// chunk straddles blocks); and the mma kernel with the q/k prologue folded in
+// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention).
 TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed lengths", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -549,21 +551,26 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
                         {{12, 12, 64}, &edges}, {{40, 8, 128}, &mid},   {{16, 2, 64}, &mid},
                         {{16, 8, 128}, &many},  {{8, 1, 128}, &many},   {{8, 2, 128}, &one_long}};
   struct Kernel {
-    const char *mma, *stages, *split_keys;
+    const char *mma, *stages, *split_keys, *fuse_qk;
   };
-  const Kernel kernels[] = {{"1", "3", "64"}, {"1", "2", "16"}, {"1", "4", "64"}, {"0", "3", "64"}};
+  const Kernel kernels[] = {{"1", "3", "64", "0"}, {"1", "2", "16", "0"}, {"1", "4", "64", "0"},
+                            {"0", "3", "64", "0"}, {"1", "3", "64", "1"}, {"1", "2", "16", "1"}};
   for (const auto& k : kernels) {
-    const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all three read at every call
+    const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all four read at every call
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
     const ScopedEnv env_split("XSERV_CUDA_ATTN_SPLIT_KEYS", k.split_keys);
+    const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", k.fuse_qk);
+    const bool fused = std::string_view(k.fuse_qk) == "1";
     for (const auto& c : cases) {
       for (std::int32_t bs : {16, 5}) {
         INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << k.stages << " SPLIT_KEYS="
-                                    << k.split_keys << " heads " << c.geom.n_q_heads << "/"
-                                    << c.geom.n_kv_heads << " d " << c.geom.head_dim << " rows "
-                                    << c.seqs->size() << " last context " << c.seqs->back().second
-                                    << " block " << bs);
-        run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, false, true);
+                                    << k.split_keys << " FUSE_QK=" << k.fuse_qk << " heads "
+                                    << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
+                                    << c.geom.head_dim << " rows " << c.seqs->size()
+                                    << " last context " << c.seqs->back().second << " block " << bs);
+        // The fused kernel (qk_attention) leaves q unspecified: compared with the CPU's whole
+        // prologue + attention instead, at the separate ops' tolerance.
+        run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, fused, !fused);
       }
     }
   }
