@@ -43,7 +43,8 @@
 #                                       Qwen3-8B after 16k, 1.7B after 4k, batch 1 of 0.6B/1.7B/8B,
 #                                       8B serving at 16/128; the attention kernels' time and DRAM
 #                                       bytes of one decode step (ncu). VARIANTS="stages2 ..." adds
-#                                       tuning runs (XSERV_CUDA_ATTN_STAGES / _SPLIT_KEYS)
+#                                       tuning runs after 16k/4k (XSERV_CUDA_ATTN_STAGES / _SPLIT_KEYS),
+#                                       B1_VARIANTS="fuseqk ..." to the 0.6B/1.7B batch-1 runs
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -263,6 +264,7 @@ elif [ "$stage" = dattn ]; then
       stages4) echo XSERV_CUDA_ATTN_STAGES=4 ;;
       split16) echo XSERV_CUDA_ATTN_SPLIT_KEYS=16 ;;
       split128) echo XSERV_CUDA_ATTN_SPLIT_KEYS=128 ;;
+      fuseqk) echo XSERV_CUDA_ATTN_FUSE_QK=1 ;;
       *) echo "$1" ;;  # NAME=VALUE
     esac
   }
@@ -277,10 +279,10 @@ elif [ "$stage" = dattn ]; then
   {
     ab "before after ${VARIANTS:-}" generate_bench qwen3-8b --prompt-len 16384 --gen-len 16 --batch 1 --repeat 1
     ab "before after ${VARIANTS:-}" generate_bench qwen3-1.7b --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
-    ab "before after ${VARIANTS:-}" generate_bench qwen3-0.6b --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
-    for m in qwen3-1.7b qwen3-8b; do
-      ab "before after" generate_bench $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
+    for m in qwen3-0.6b qwen3-1.7b; do
+      ab "before after ${B1_VARIANTS:-}" generate_bench $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
     done
+    ab "before after" generate_bench qwen3-8b --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
     [ "${SERVE:-1}" = 1 ] && ab "before after" serve_bench qwen3-8b --concurrency 16,128 --max-batch-tokens 2048
   } 2>&1 | tee "$OUT/ab.txt"
   if [ "${NCU:-1}" = 1 ]; then
