@@ -4,10 +4,14 @@
 // from the paged cache [num_blocks, block_size, n_kv_heads, head_dim] through the sequence's
 // block table. pos_t = context_len - query_len + (t - query_start): causal within the step.
 // Split-KV: blockIdx.z takes keys [z * split_size, (z + 1) * split_size); with several splits
-// each block writes an unnormalised partial (max, sum, acc) and attention_merge combines them,
-// so long contexts spread over many SMs even at batch 1 (attention_rows_split sizes them).
-// Two kernels, both launched as grid (T, n_kv_heads, num_splits) x 128 threads:
-// - attention_tiles_kernel (bf16, head_dim 64 or 128: every Qwen3): K/V tiles of 32 keys in
+// each block writes an unnormalised partial (max, sum, acc) and they are combined (by the last
+// block of the mma kernel, by attention_merge otherwise), so long contexts spread over many SMs
+// even at batch 1 (attention_rows_split sizes them).
+// Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads:
+// - attention_decode_mma_kernel (bf16, head_dim 64 or 128: every Qwen3; the default): tensor-core
+//   scores and P.V, each warp streaming its own 16-key chunks through a cp.async ring, splits
+//   merged in-kernel; optionally with the q/k prologue folded in. Described at the kernel.
+// - attention_tiles_kernel (the same inputs, XSERV_CUDA_ATTN_MMA=0): K/V tiles of 32 keys in
 //   shared memory, copied with cp.async two tiles deep; described at the kernel.
 // - attention_rows_kernel (f32, other head dims): a key is read by L lanes (8, or 16 when
 //   G * head_dim is large, to bound registers), each owning D / L contiguous elements loaded
