@@ -407,11 +407,15 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 // barrier and (Stages - 1) x 8 KB per warp are in flight while a chunk is used. Keys past the
 // split are zero-filled (V must not hold stale NaNs: 0 x NaN is NaN) and masked to -inf.
 // The four warps' (m, l, O) combine once through shared memory at the end.
-// Split-KV without a merge kernel: each block of a split row writes its partial (O, m, l in
-// base-2 units) and takes a ticket (an atomic per (row, kv head)); the block that takes the last
-// ticket merges all splits in split order (the result does not depend on which block is last,
-// so graph replays equal eager steps) and resets the ticket to 0 for the next launch, as
-// gemv.cu's in_out kernel does. Blocks of splits past a row's keys write (m = -inf, l = 0) only.
+// Split-KV without a merge kernel: a row's `active` splits are those holding any of its keys
+// (blocks past them return at once). With one, its block writes the output; otherwise each
+// writes its partial (O, m, l in base-2 units) and takes a ticket (an atomic per (row, kv
+// head)); the block that takes the last ticket merges the active splits in split order (the
+// result does not depend on which block is last, so graph replays equal eager steps) and resets
+// the ticket to 0 for the next launch, as gemv.cu's in_out kernel does.
+// Programmatic dependent launch: the block reads the batch metadata and block table and issues
+// the copies of chunks wholly before this step's keys before grid_dependency_wait, so they
+// overlap the kernel before it (qk_transform_store writes only this step's keys and q).
 constexpr int mma_warps = 4;
 constexpr int mma_threads = mma_warps * 32;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
@@ -447,8 +451,10 @@ __global__ void __launch_bounds__(mma_threads)
   static_assert(Stages >= 2 && Lay::combine_bytes <= Lay::ring_bytes, "combine reuses the rings");
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
+  // Before grid_dependency_wait (the kernel before this one, qk_transform_store, may still be
+  // running): only what no kernel of this step writes, i.e. the batch metadata and the cached
+  // keys before this step's rows.
   allow_dependents();
-  grid_dependency_wait();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = p.n_q_heads / p.n_kv_heads;
@@ -456,10 +462,16 @@ __global__ void __launch_bounds__(mma_threads)
   const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
   const int q_len = p.query_start[seq + 1] - p.query_start[seq];
   const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
+  // Splits past this row's keys (a shorter row of the batch) have nothing to do: the merge
+  // counts only the `active` ones; a row with one active split writes its output directly.
+  const int active = (n_keys + p.split_size - 1) / p.split_size;
+  if (split >= active) return;
+  const bool direct = active == 1;
   const int k_begin = split * p.split_size;
   const int k_end = min(n_keys, k_begin + p.split_size);
-  const int n_chunks = k_end > k_begin ? (k_end - k_begin + chunk_keys - 1) / chunk_keys : 0;
+  const int n_chunks = (k_end - k_begin + chunk_keys - 1) / chunk_keys;
   const int my_chunks = n_chunks > warp ? (n_chunks - warp + mma_warps - 1) / mma_warps : 0;
+  const int cached_end = p.context_lens[seq] - q_len;  // keys written before this step
 
   // Copies: lane key % 16 looks up the slot of key `lane % 16` of a chunk; copy n moves piece
   // lane % pieces of row n * rows_per_copy + lane / pieces, row 2k the K and 2k + 1 the V of key k.
@@ -489,12 +501,16 @@ __global__ void __launch_bounds__(mma_threads)
     }
     copy_async_commit();  // possibly empty: one group per chunk keeps the wait counts uniform
   };
+  // The first Stages - 1 chunks: those wholly in the cached prefix before the wait (in order:
+  // the commit groups count chunks), the rest after it.
   long long next_off = chunk_offset(0);
-  auto prologue_copies = [&] {
-#pragma unroll
-    for (int i = 0; i < Stages - 1; ++i) {
-      copy_chunk(i, next_off);
-      next_off = chunk_offset(i + 1);
+  int issued = 0;
+  auto prologue_copies = [&](bool cached_only) {
+    for (; issued < Stages - 1; ++issued) {
+      const int start = k_begin + (warp + issued * mma_warps) * chunk_keys;
+      if (cached_only && issued < my_chunks && min(start + chunk_keys, k_end) > cached_end) break;
+      copy_chunk(issued, next_off);
+      next_off = chunk_offset(issued + 1);
     }
   };
 
@@ -509,7 +525,8 @@ __global__ void __launch_bounds__(mma_threads)
     __shared__ float s_stage[mma_warps][D];
     const QkTransformParams& t = params.qk;
     const bool writer = split == (n_keys - 1) / p.split_size;
-    if (!writer) prologue_copies();
+    if (!writer) prologue_copies(true);
+    grid_dependency_wait();
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
     const float pos = static_cast<float>(t.positions[row]);
     const std::int64_t slot = t.slot_mapping[row];
@@ -528,7 +545,7 @@ __global__ void __launch_bounds__(mma_threads)
       }
     }
     __syncthreads();  // q in s_qt; the writer's k/v row visible to its own copies
-    if (writer) prologue_copies();
+    prologue_copies(false);
 #pragma unroll
     for (int k = 0; k < ksteps; ++k) {
       qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_qt[g][16 * k + 2 * t4]) : 0u;
@@ -537,7 +554,9 @@ __global__ void __launch_bounds__(mma_threads)
   } else {
     // Q as A fragments: head g = lane / 4 (zero past the group), columns 16k + 2(l%4) + {0, 1}
     // in a0 and + 8 in a2; rows 8 .. 15 (a1, a3) are zero.
-    prologue_copies();
+    prologue_copies(true);
+    grid_dependency_wait();
+    prologue_copies(false);
     const bf16* q_row = static_cast<const bf16*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride +
                         (kvh * group + g) * D + 2 * t4;
 #pragma unroll
@@ -632,35 +651,38 @@ __global__ void __launch_bounds__(mma_threads)
       val += s_o[(w * 8 + h) * D + d] * a;
     }
     const int qh = kvh * group + h;
-    if (p.num_splits == 1) {
+    if (direct) {
       static_cast<bf16*>(p.out)[row * out_stride + qh * D + d] = __float2bfloat16_rn(sum > 0.0f ? val / sum : 0.0f);
     } else {
       const std::int64_t part = (static_cast<std::int64_t>(row) * p.n_q_heads + qh) * p.num_splits + split;
-      if (n_chunks > 0) p.partial_out[part * D + d] = val;
+      p.partial_out[part * D + d] = val;
       if (d == 0) {
         p.partial_ml[part * 2] = mx;
         p.partial_ml[part * 2 + 1] = sum;
       }
     }
   }
-  if (p.num_splits == 1) return;
+  if (direct) return;
 
   // The last block of this (row, kv head) to get here merges every split.
   __shared__ bool s_last;
   __threadfence();  // this block's partial visible device-wide before its ticket says so
   __syncthreads();
   unsigned* ticket = p.tickets + static_cast<std::int64_t>(row) * p.n_kv_heads + kvh;
-  if (tid == 0) s_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(p.num_splits - 1);
+  if (tid == 0) s_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(active - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const int splits = p.num_splits;
+  // Every active split wrote all of its partial; the ones past them are not read.
+  const int splits = active;
   float* s_w = reinterpret_cast<float*>(smem_raw);  // [group][splits]: weights, then sums
   float* s_l = s_w + group * splits;                // [group][splits]
   float4* s_part = reinterpret_cast<float4*>(s_w + merge_floats(group, splits));  // [threads]
   const std::int64_t first = static_cast<std::int64_t>(row) * p.n_q_heads + kvh * group;  // head
   for (int idx = tid; idx < group * splits; idx += mma_threads) {  // (m, l) of every split at once
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.partial_ml) + first * splits + idx);
+    const int h = idx / splits, sp = idx % splits;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.partial_ml) +
+                             (first + h) * p.num_splits + sp);
     s_w[idx] = ml.x;
     s_l[idx] = ml.y;
   }
@@ -688,15 +710,13 @@ __global__ void __launch_bounds__(mma_threads)
   const int slice = tid / outs;
   for (int oi = tid % outs; oi < outs && slice < slices; oi += mma_threads) {
     const int h = oi / (D / 4);
-    const float4* part = reinterpret_cast<const float4*>(p.partial_out + (first + h) * splits * D) + oi % (D / 4);
+    const float4* part = reinterpret_cast<const float4*>(p.partial_out + (first + h) * p.num_splits * D) + oi % (D / 4);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int s = slice; s < splits; s += slices) {
+#pragma unroll 8
+    for (int s = slice; s < splits; s += slices) {  // no branch: the loads of 8 splits in flight
       const float w = s_w[h * splits + s];
-      if (w > 0.0f) {  // an empty split's partial O was never written
-        const float4 v = __ldcg(part + static_cast<std::int64_t>(s) * (D / 4));
-        acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
-      }
+      const float4 v = __ldcg(part + static_cast<std::int64_t>(s) * (D / 4));
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
     }
     if (slices == 1) {
       const float inv = s_sum[h] > 0.0f ? 1.0f / s_sum[h] : 0.0f;

@@ -264,6 +264,7 @@ elif [ "$stage" = dattn ]; then
       stages4) echo XSERV_CUDA_ATTN_STAGES=4 ;;
       split16) echo XSERV_CUDA_ATTN_SPLIT_KEYS=16 ;;
       split128) echo XSERV_CUDA_ATTN_SPLIT_KEYS=128 ;;
+      split256) echo XSERV_CUDA_ATTN_SPLIT_KEYS=256 ;;
       fuseqk) echo XSERV_CUDA_ATTN_FUSE_QK=1 ;;
       *) echo "$1" ;;  # NAME=VALUE
     esac
@@ -296,9 +297,9 @@ elif [ "$stage" = dattn ]; then
       python3 scripts/ncu_table.py "/tmp/ncu/$4.csv" || tail -5 "/tmp/ncu/$4.csv"
     }
     {
-      ncu_attn bench/configs/qwen3-8b.json 16384 1 attn_8b_16k_before XSERV_CUDA_ATTN_MMA=0
+      [ "${NCU_BEFORE:-1}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 16384 1 attn_8b_16k_before XSERV_CUDA_ATTN_MMA=0
       ncu_attn bench/configs/qwen3-8b.json 16384 1 attn_8b_16k
-      ncu_attn bench/configs/qwen3-0.6b.json 128 1 attn_06b_b1_before XSERV_CUDA_ATTN_MMA=0
+      [ "${NCU_BEFORE:-1}" = 1 ] && ncu_attn bench/configs/qwen3-0.6b.json 128 1 attn_06b_b1_before XSERV_CUDA_ATTN_MMA=0
       ncu_attn bench/configs/qwen3-0.6b.json 128 1 attn_06b_b1
       [ "${NCU_128:-0}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 128 128 attn_8b_128_before XSERV_CUDA_ATTN_MMA=0
       [ "${NCU_128:-0}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 128 128 attn_8b_128
