@@ -4,10 +4,14 @@
 // from the paged cache [num_blocks, block_size, n_kv_heads, head_dim] through the sequence's
 // block table. pos_t = context_len - query_len + (t - query_start): causal within the step.
 // Split-KV: blockIdx.z takes keys [z * split_size, (z + 1) * split_size); with several splits
-// each block writes an unnormalised partial (max, sum, acc) and attention_merge combines them,
-// so long contexts spread over many SMs even at batch 1 (attention_rows_split sizes them).
-// Two kernels, both launched as grid (T, n_kv_heads, num_splits) x 128 threads:
-// - attention_tiles_kernel (bf16, head_dim 64 or 128: every Qwen3): K/V tiles of 32 keys in
+// each block writes an unnormalised partial (max, sum, acc) and they are combined (by the last
+// block of the mma kernel, by attention_merge otherwise), so long contexts spread over many SMs
+// even at batch 1 (attention_rows_split sizes them).
+// Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads:
+// - attention_decode_mma_kernel (bf16, head_dim 64 or 128: every Qwen3; the default): tensor-core
+//   scores and P.V, each warp streaming its own 16-key chunks through a cp.async ring, splits
+//   merged in-kernel; optionally with the q/k prologue folded in. Described at the kernel.
+// - attention_tiles_kernel (the same inputs, XSERV_CUDA_ATTN_MMA=0): K/V tiles of 32 keys in
 //   shared memory, copied with cp.async two tiles deep; described at the kernel.
 // - attention_rows_kernel (f32, other head dims): a key is read by L lanes (8, or 16 when
 //   G * head_dim is large, to bound registers), each owning D / L contiguous elements loaded
@@ -22,6 +26,8 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/mma.cuh"
+#include "cuda/qk_transform.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -381,6 +387,368 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
   }
 }
 
+// ---- bf16 rows, head_dim 64 or 128, tensor cores (the default) ----------------------------
+// The tile kernel above is bound by its shared-memory traffic (every thread re-reads q and p
+// from shared memory per key) and by two block barriers per 32-key tile, not by DRAM: ~1.5 TB/s
+// on the KV of a 16k context. Here the G q heads of a kv head are the rows of an m16n8k16 MMA
+// (padded to 16: rows G .. 15 are zero and never stored; the tensor cores have cycles to spare
+// in decode), so K and V are read out of shared memory once per warp by ldmatrix, and q, the
+// scores, the online softmax and the output stay in registers (fragments: cuda/mma.cuh):
+// - S = Q K^T over a chunk of 16 keys: Q is the A operand (lane l holds q head l / 4 in a0/a2,
+//   loaded once from global; a1/a3 are the zero rows 8 .. 15), K rows as stored are B's
+//   columns (plain ldmatrix.x4);
+// - softmax in base 2 with the scale folded in, per q head a running max and sum; each lane
+//   holds head l / 4's scores of keys 2(l%4) + {0, 1, 8, 9}: the chunk max is two shuffles;
+// - P V: the two 8-key score tiles, rounded to bf16 pairs, are the A fragment as they lie;
+//   ldmatrix.x4.trans of V rows gives B.
+// Warps are independent: warp w takes chunks w, w + 4, ... of the block's keys, each with its
+// own ring of `Stages` chunk buffers filled by cp.async (one 64-bit slot offset per key looked
+// up a chunk ahead by lane key % 16 and broadcast by shuffles), so the loop has no block
+// barrier and (Stages - 1) x 8 KB per warp are in flight while a chunk is used. Keys past the
+// split are zero-filled (V must not hold stale NaNs: 0 x NaN is NaN) and masked to -inf.
+// The four warps' (m, l, O) combine once through shared memory at the end.
+// Split-KV without a merge kernel: a row's `active` splits are those holding any of its keys
+// (blocks past them return at once). With one, its block writes the output; otherwise each
+// writes its partial (O, m, l in base-2 units) and takes a ticket (an atomic per (row, kv
+// head)); the block that takes the last ticket merges the active splits in split order (the
+// result does not depend on which block is last, so graph replays equal eager steps) and resets
+// the ticket to 0 for the next launch, as gemv.cu's in_out kernel does.
+// Programmatic dependent launch: the block reads the batch metadata and block table and issues
+// the copies of chunks wholly before this step's keys before grid_dependency_wait, so they
+// overlap the kernel before it (qk_transform_store writes only this step's keys and q).
+// Measured (H200, 2026-12-01, docs/benchmarks.md): the attention of a Qwen3-8B decode step
+// after 16k tokens 961 us (2.52 TB/s) against 1937 us for the tile kernel and its merge; 186.8
+// against 159.1 tok/s. Three chunk buffers a warp and splits of at least 64 keys measured best
+// of 2/3 buffers and 16/64/256 keys.
+constexpr int mma_warps = 4;
+constexpr int mma_threads = mma_warps * 32;
+constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
+
+template <int D, int Stages>
+struct DecodeLayout {
+  static constexpr int chunk_elems = chunk_keys * D;           // one K or V chunk, bf16
+  static constexpr int warp_elems = Stages * 2 * chunk_elems;  // a warp's ring
+  static constexpr int ring_bytes = mma_warps * warp_elems * 2;
+  // The end-of-block combine: per warp, 8 heads x (D outputs + m + l) floats.
+  static constexpr int combine_bytes = mma_warps * 8 * (D + 2) * 4;
+};
+
+// Shared memory of the in-kernel merge: per head and split a weight and a sum, then one float4
+// partial per thread.
+__host__ __device__ constexpr int merge_floats(int group, int splits) {  // s_w and s_l, float4-aligned
+  return (2 * group * splits + 3) / 4 * 4;
+}
+constexpr int merge_bytes(int group, int splits) {
+  return merge_floats(group, splits) * 4 + mma_threads * 16;
+}
+
+template <int D, int Stages, bool Fused>
+__global__ void __launch_bounds__(mma_threads)
+    attention_decode_mma_kernel(const QkAttentionParams params) {
+  using bf16 = __nv_bfloat16;
+  const AttentionParams& p = params.attn;
+  using Lay = DecodeLayout<D, Stages>;
+  constexpr int pieces = D / 8;               // 16-byte pieces of a K or V row
+  constexpr int rows_per_copy = 32 / pieces;  // rows one warp-wide cp.async covers (2 or 4)
+  constexpr int copies = 2 * chunk_keys / rows_per_copy;  // cp.async per lane and chunk
+  constexpr int ksteps = D / 16, dtiles = D / 8;
+  static_assert(Stages >= 2 && Lay::combine_bytes <= Lay::ring_bytes, "combine reuses the rings");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+
+  // Before grid_dependency_wait (the kernel before this one, qk_transform_store, may still be
+  // running): only what no kernel of this step writes, i.e. the batch metadata and the cached
+  // keys before this step's rows.
+  allow_dependents();
+  const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
+  const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
+  const int q_len = p.query_start[seq + 1] - p.query_start[seq];
+  const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
+  // Splits past this row's keys (a shorter row of the batch) have nothing to do: the merge
+  // counts only the `active` ones; a row with one active split writes its output directly.
+  const int active = (n_keys + p.split_size - 1) / p.split_size;
+  if (split >= active) return;
+  const bool direct = active == 1;
+  const int k_begin = split * p.split_size;
+  const int k_end = min(n_keys, k_begin + p.split_size);
+  const int n_chunks = (k_end - k_begin + chunk_keys - 1) / chunk_keys;
+  const int my_chunks = n_chunks > warp ? (n_chunks - warp + mma_warps - 1) / mma_warps : 0;
+  const int cached_end = p.context_lens[seq] - q_len;  // keys written before this step
+
+  // Copies: lane key % 16 looks up the slot of key `lane % 16` of a chunk; copy n moves piece
+  // lane % pieces of row n * rows_per_copy + lane / pieces, row 2k the K and 2k + 1 the V of key k.
+  bf16* const ring = reinterpret_cast<bf16*>(smem_raw) + warp * Lay::warp_elems;
+  const bf16* kc = static_cast<const bf16*>(p.k_cache);
+  const bf16* vc = static_cast<const bf16*>(p.v_cache);
+  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const int bs = p.block_size, shift = __ffs(bs) - 1;
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  auto chunk_offset = [&](int i) -> long long {  // element offset of this lane's key; -1: none
+    const int key = k_begin + (warp + i * mma_warps) * chunk_keys + (lane & (chunk_keys - 1));
+    if (i >= my_chunks || key >= k_end) return -1;
+    const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
+    return ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
+  };
+  auto copy_chunk = [&](int i, long long off) {
+    if (i < my_chunks) {  // warp-uniform: the shuffles need every lane
+      bf16* stage = ring + (i % Stages) * 2 * Lay::chunk_elems;
+      const int c = lane % pieces;
+#pragma unroll
+      for (int n = 0; n < copies; ++n) {
+        const int r = n * rows_per_copy + lane / pieces, key = r >> 1, is_v = r & 1;
+        const long long o = __shfl_sync(0xffffffffu, off, key);
+        const bf16* src = (is_v ? vc : kc) + (o >= 0 ? o + c * 8 : 0);
+        copy_async16_zfill(stage + is_v * Lay::chunk_elems + swz<D>(key, c), src, o >= 0);
+      }
+    }
+    copy_async_commit();  // possibly empty: one group per chunk keeps the wait counts uniform
+  };
+  // The first Stages - 1 chunks: those wholly in the cached prefix before the wait (in order:
+  // the commit groups count chunks), the rest after it.
+  long long next_off = chunk_offset(0);
+  int issued = 0;
+  auto prologue_copies = [&](bool cached_only) {
+    for (; issued < Stages - 1; ++issued) {
+      const int start = k_begin + (warp + issued * mma_warps) * chunk_keys;
+      if (cached_only && issued < my_chunks && min(start + chunk_keys, k_end) > cached_end) break;
+      copy_chunk(issued, next_off);
+      next_off = chunk_offset(issued + 1);
+    }
+  };
+
+  // Fused (decode steps only, one row per sequence): this block transforms its G q heads into
+  // shared memory itself, and the block whose split holds the row's own key (the last one)
+  // first writes that key's k and v to the cache, then copies; the other blocks never read that
+  // key, so they start their copies before the transform.
+  const int g = lane >> 2, t4 = lane & 3;
+  unsigned qf[ksteps][2];
+  if constexpr (Fused) {
+    __shared__ __align__(16) bf16 s_qt[8][D];
+    __shared__ float s_stage[mma_warps][D];
+    const QkTransformParams& t = params.qk;
+    const bool writer = split == (n_keys - 1) / p.split_size;
+    if (!writer) prologue_copies(true);
+    grid_dependency_wait();
+    bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
+    const float pos = static_cast<float>(t.positions[row]);
+    const std::int64_t slot = t.slot_mapping[row];
+    for (int h = warp; h < group + (writer ? 2 : 0); h += mma_warps) {  // warp-uniform
+      if (h < group) {
+        transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],
+                             static_cast<const bf16*>(t.q_norm), pos, lane);
+      } else if (h == group) {
+        transform_head<bf16>(t, qkv_row + (p.n_q_heads + kvh) * D,
+                             static_cast<bf16*>(t.k_cache) + (slot * p.n_kv_heads + kvh) * D,
+                             s_stage[warp], static_cast<const bf16*>(t.k_norm), pos, lane);
+      } else {
+        const bf16* src = qkv_row + (p.n_q_heads + p.n_kv_heads + kvh) * D;
+        bf16* dst = static_cast<bf16*>(t.v_cache) + (slot * p.n_kv_heads + kvh) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = src[i];
+      }
+    }
+    __syncthreads();  // q in s_qt; the writer's k/v row visible to its own copies
+    prologue_copies(false);
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_qt[g][16 * k + 2 * t4]) : 0u;
+      qf[k][1] = g < group ? *reinterpret_cast<const unsigned*>(&s_qt[g][16 * k + 8 + 2 * t4]) : 0u;
+    }
+  } else {
+    // Q as A fragments: head g = lane / 4 (zero past the group), columns 16k + 2(l%4) + {0, 1}
+    // in a0 and + 8 in a2; rows 8 .. 15 (a1, a3) are zero.
+    prologue_copies(true);
+    grid_dependency_wait();
+    prologue_copies(false);
+    const bf16* q_row = static_cast<const bf16*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride +
+                        (kvh * group + g) * D + 2 * t4;
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(q_row + 16 * k) : 0u;
+      qf[k][1] = g < group ? *reinterpret_cast<const unsigned*>(q_row + 16 * k + 8) : 0u;
+    }
+  }
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  float o[dtiles][4];
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m = -CUDART_INF_F, l = 0.0f;
+
+  for (int i = 0; i < my_chunks; ++i) {
+    copy_chunk(i + Stages - 1, next_off);  // into the buffer chunk i - 1 used
+    next_off = chunk_offset(i + Stages);   // its table read hides behind this chunk
+    copy_async_wait<Stages - 1>();         // chunk i has landed (this lane's copies)
+    __syncwarp();                          // ... and every lane's
+    const bf16* sk = ring + (i % Stages) * 2 * Lay::chunk_elems;
+    const bf16* sv = sk + Lay::chunk_elems;
+    float s[2][4] = {};
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      unsigned b[4];
+      const int key = (lane & 7) + ((lane >> 4) << 3);
+      ldsm_x4(smem_addr(sk + swz<D>(key, 2 * k + ((lane >> 3) & 1))), b);
+      const unsigned a[4] = {qf[k][0], 0u, qf[k][1], 0u};
+      mma_bf16(s[0], a, b[0], b[1]);
+      mma_bf16(s[1], a, b[2], b[3]);
+    }
+    const int key0 = k_begin + (warp + i * mma_warps) * chunk_keys;
+    if (key0 + chunk_keys > k_end) {  // the split's last chunk: mask its zero-filled tail
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (key0 + j * 8 + 2 * t4 + e >= k_end) s[j][e] = -CUDART_INF_F;
+    }
+    float mx = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx * scale_log2);  // finite: a chunk holds at least one key
+    const float alpha = fast_exp2(m - m_new);       // m = -inf at first: 0
+    m = m_new;
+    // P rounded to bf16 pairs; the sum adds exactly the rounded values that P V multiplies.
+    const unsigned p0 = pack_bf16(fast_exp2(fmaf(s[0][0], scale_log2, -m)),
+                                  fast_exp2(fmaf(s[0][1], scale_log2, -m)));
+    const unsigned p1 = pack_bf16(fast_exp2(fmaf(s[1][0], scale_log2, -m)),
+                                  fast_exp2(fmaf(s[1][1], scale_log2, -m)));
+    l = l * alpha + (bf16_lo(p0) + bf16_hi(p0) + bf16_lo(p1) + bf16_hi(p1));
+    const unsigned a[4] = {p0, 0u, p1, 0u};
+    const int key = (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int dp = 0; dp < dtiles / 2; ++dp) {
+      unsigned b[4];
+      ldsm_x4_trans(smem_addr(sv + swz<D>(key, 2 * dp + (lane >> 4))), b);
+      o[2 * dp][0] *= alpha;
+      o[2 * dp][1] *= alpha;
+      o[2 * dp + 1][0] *= alpha;
+      o[2 * dp + 1][1] *= alpha;
+      mma_bf16(o[2 * dp], a, b[0], b[1]);
+      mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+    }
+    __syncwarp();  // every lane is done with this buffer before the next copy refills it
+  }
+  copy_async_wait<0>();  // only empty groups can be left; nothing may land after the combine
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // The warps' states through shared memory (the rings are free once every warp is here).
+  __syncthreads();
+  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][8][D]
+  float* s_ml = s_o + mma_warps * 8 * D;             // [warp][8][2]
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j)
+    *reinterpret_cast<float2*>(&s_o[(warp * 8 + g) * D + j * 8 + 2 * t4]) = make_float2(o[j][0], o[j][1]);
+  if (t4 == 0) s_ml[(warp * 8 + g) * 2] = m, s_ml[(warp * 8 + g) * 2 + 1] = l;
+  __syncthreads();
+  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+  for (int idx = tid; idx < group * D; idx += mma_threads) {
+    const int h = idx / D, d = idx % D;
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < mma_warps; ++w) mx = fmaxf(mx, s_ml[(w * 8 + h) * 2]);
+    float sum = 0.0f, val = 0.0f;
+#pragma unroll
+    for (int w = 0; w < mma_warps; ++w) {
+      const float mw = s_ml[(w * 8 + h) * 2];
+      const float a = mw == -CUDART_INF_F ? 0.0f : fast_exp2(mw - mx);
+      sum += s_ml[(w * 8 + h) * 2 + 1] * a;
+      val += s_o[(w * 8 + h) * D + d] * a;
+    }
+    const int qh = kvh * group + h;
+    if (direct) {
+      static_cast<bf16*>(p.out)[row * out_stride + qh * D + d] = __float2bfloat16_rn(sum > 0.0f ? val / sum : 0.0f);
+    } else {
+      const std::int64_t part = (static_cast<std::int64_t>(row) * p.n_q_heads + qh) * p.num_splits + split;
+      p.partial_out[part * D + d] = val;
+      if (d == 0) {
+        p.partial_ml[part * 2] = mx;
+        p.partial_ml[part * 2 + 1] = sum;
+      }
+    }
+  }
+  if (direct) return;
+
+  // The last block of this (row, kv head) to get here merges every split.
+  __shared__ bool s_last;
+  __threadfence();  // this block's partial visible device-wide before its ticket says so
+  __syncthreads();
+  unsigned* ticket = p.tickets + static_cast<std::int64_t>(row) * p.n_kv_heads + kvh;
+  if (tid == 0) s_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Every active split wrote all of its partial; the ones past them are not read.
+  const int splits = active;
+  float* s_w = reinterpret_cast<float*>(smem_raw);  // [group][splits]: weights, then sums
+  float* s_l = s_w + group * splits;                // [group][splits]
+  float4* s_part = reinterpret_cast<float4*>(s_w + merge_floats(group, splits));  // [threads]
+  const std::int64_t first = static_cast<std::int64_t>(row) * p.n_q_heads + kvh * group;  // head
+  for (int idx = tid; idx < group * splits; idx += mma_threads) {  // (m, l) of every split at once
+    const int h = idx / splits, sp = idx % splits;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.partial_ml) +
+                             (first + h) * p.num_splits + sp);
+    s_w[idx] = ml.x;
+    s_l[idx] = ml.y;
+  }
+  __syncthreads();
+  __shared__ float s_sum[8];
+  for (int h = warp; h < group; h += mma_warps) {  // per head: max, weights, their sum
+    float mx = -CUDART_INF_F;
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, s_w[h * splits + s]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float ms = s_w[h * splits + s];
+      const float w = ms == -CUDART_INF_F ? 0.0f : fast_exp2(ms - mx);
+      s_w[h * splits + s] = w;
+      sum += w * s_l[h * splits + s];
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) s_sum[h] = sum;
+  }
+  __syncthreads();
+  // Outputs as float4s: `outs` of them, each summed over `slices` interleaved sets of splits
+  // (more slices when the group is small, so every thread has loads in flight).
+  const int outs = group * D / 4;
+  const int slices = max(1, mma_threads / outs);
+  const int slice = tid / outs;
+  for (int oi = tid % outs; oi < outs && slice < slices; oi += mma_threads) {
+    const int h = oi / (D / 4);
+    const float4* part = reinterpret_cast<const float4*>(p.partial_out + (first + h) * p.num_splits * D) + oi % (D / 4);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = slice; s < splits; s += slices) {  // no branch: the loads of 8 splits in flight
+      const float w = s_w[h * splits + s];
+      const float4 v = __ldcg(part + static_cast<std::int64_t>(s) * (D / 4));
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    if (slices == 1) {
+      const float inv = s_sum[h] > 0.0f ? 1.0f / s_sum[h] : 0.0f;
+      bf16* out = static_cast<bf16*>(p.out) + row * out_stride + (kvh * group) * D + oi * 4;
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+      *reinterpret_cast<__nv_bfloat162*>(out + 2) = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+    } else {
+      s_part[tid] = acc;
+    }
+  }
+  if (slices > 1) {
+    __syncthreads();
+    if (tid < outs) {
+      float4 acc = s_part[tid];
+      for (int sl = 1; sl < slices; ++sl) {  // in slice order: deterministic
+        const float4 v = s_part[sl * outs + tid];
+        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      }
+      const int h = tid / (D / 4);
+      const float inv = s_sum[h] > 0.0f ? 1.0f / s_sum[h] : 0.0f;
+      bf16* out = static_cast<bf16*>(p.out) + row * out_stride + (kvh * group) * D + tid * 4;
+      *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+      *reinterpret_cast<__nv_bfloat162*>(out + 2) = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+    }
+  }
+  if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays too)
+}
+
 // Combines the splits of one (row, head): grid (T, n_q_heads), merge_threads threads. Long
 // contexts have a hundred splits and more, so the loops over splits run across the block (a
 // loop of dependent L2 round trips per thread took ~0.5 us a split): the maxima and weights in
@@ -490,6 +858,85 @@ int tiles_blocks_per_sm(std::int32_t head_dim, std::int32_t group) {
   return table[head_dim == 64 ? 0 : 1][static_cast<std::size_t>(g)];
 }
 
+// Where use_tiles holds: the mma kernel unless XSERV_CUDA_ATTN_MMA=0 (the tile kernel and its
+// merge, for before/after comparisons). Read at every call, as the prefill switches are, so the
+// tests cover both kernels in one process; a recorded graph keeps the kernels it was recorded with.
+bool use_mma() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_MMA");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+// Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4, default 3:
+// 96 KB a block at head_dim 128, two blocks an SM) and the keys a split holds at least
+// (XSERV_CUDA_ATTN_SPLIT_KEYS, a multiple of 16, default 64: one chunk per warp).
+int mma_stages() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_STAGES");
+  const int v = env ? std::atoi(env) : 3;
+  return v >= 2 && v <= 4 ? v : 3;
+}
+std::int32_t mma_split_keys() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_SPLIT_KEYS");
+  const int v = env ? std::atoi(env) : 64;
+  return v >= chunk_keys && v % chunk_keys == 0 ? v : 64;
+}
+
+// The largest dynamic shared memory a launch of the mma kernel asks for: its rings, or the merge
+// of max_splits splits of 8 heads.
+template <int D, int Stages>
+constexpr int mma_max_smem() {
+  return std::max(DecodeLayout<D, Stages>::ring_bytes, merge_bytes(8, max_splits));
+}
+
+template <int D, int Stages, bool Fused = false>
+auto mma_kernel_configured() {
+  static const auto kernel = [] {
+    auto* k = attention_decode_mma_kernel<D, Stages, Fused>;
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          mma_max_smem<D, Stages>()));
+    return k;
+  }();
+  return kernel;
+}
+
+template <int D, int Stages>
+int mma_blocks_per_sm_of() {
+  static const int blocks = [] {
+    int b = 0;
+    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, mma_kernel_configured<D, Stages>(), mma_threads, DecodeLayout<D, Stages>::ring_bytes));
+    return std::max(b, 1);
+  }();
+  return blocks;
+}
+
+int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
+  if (head_dim == 64) {
+    return stages == 2 ? mma_blocks_per_sm_of<64, 2>()
+                       : stages == 3 ? mma_blocks_per_sm_of<64, 3>() : mma_blocks_per_sm_of<64, 4>();
+  }
+  return stages == 2 ? mma_blocks_per_sm_of<128, 2>()
+                     : stages == 3 ? mma_blocks_per_sm_of<128, 3>() : mma_blocks_per_sm_of<128, 4>();
+}
+
+template <int D, int Stages, bool Fused>
+void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
+  const AttentionParams& p = qp.attn;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const int smem = std::max(DecodeLayout<D, Stages>::ring_bytes,
+                            p.num_splits > 1 ? merge_bytes(group, p.num_splits) : 0);
+  const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
+  launch_pdl(mma_kernel_configured<D, Stages, Fused>(), grid, dim3(mma_threads),
+             static_cast<std::size_t>(smem), stream, qp);
+}
+
+template <int D, bool Fused>
+void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
+  const int stages = mma_stages();
+  if (stages == 2) launch_mma<D, 2, Fused>(stream, p);
+  else if (stages == 3) launch_mma<D, 3, Fused>(stream, p);
+  else launch_mma<D, 4, Fused>(stream, p);
+}
+
 template <typename T>
 void launch_rows_typed(cudaStream_t stream, const AttentionParams& p) {
   if (p.head_dim <= 32) launch_rows_dim<T, 32>(stream, p);
@@ -520,23 +967,37 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
                  std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads),
                  16);
   }
-  // The tile kernel: one full wave of resident blocks holding keys. The longest context is
-  // more than half its bucket, so splits sized to give that wave at half the bucket keep at
-  // least one full wave busy (splits past a row's keys return at once); sized at the whole
-  // bucket, a context just past a power of two (16384 + a few) left half the SMs idle.
+  // The tile and mma kernels: one full wave of resident blocks holding keys. The longest
+  // context is more than half its bucket, so splits sized to give that wave at half the bucket
+  // keep at least one full wave busy (splits past a row's keys return at once); sized at the
+  // whole bucket, a context just past a power of two (16384 + a few) left half the SMs idle.
   // Enough rows fill the wave unsplit.
+  const bool mma = use_mma();
   const std::int64_t wave =
-      static_cast<std::int64_t>(tiles_blocks_per_sm(head_dim, group)) * sm_count;
+      static_cast<std::int64_t>(mma ? mma_blocks_per_sm(head_dim, mma_stages())
+                                    : tiles_blocks_per_sm(head_dim, group)) *
+      sm_count;
+  const std::int32_t unit = mma ? mma_split_keys() : tile_keys;
   const std::int64_t want = (wave + rows_x_kv_heads - 1) / rows_x_kv_heads;
   if (want <= 1) return {1, context_bucket};
-  const AttentionSplit s = sized(context_bucket / 2, want, tile_keys);
+  const AttentionSplit s = sized(context_bucket / 2, want, unit);
   if (s.num_splits <= max_splits) return s;
-  return sized(context_bucket, max_splits, tile_keys);  // the merge's limit (bucket 64k and up)
+  return sized(context_bucket, max_splits, unit);  // the merge's limit (bucket 64k and up)
 }
 
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0) return;
   if (use_tiles(dt, p.head_dim)) {
+    // The mma kernel merges its splits itself and needs the tickets for that; without them
+    // (a caller that did not provide any) the tile kernel and its merge take the same splits.
+    if (use_mma() && (p.num_splits == 1 || p.tickets != nullptr)) {
+      const QkAttentionParams qp{p, {}};
+      if (p.head_dim == 64)
+        launch_mma_dim<64, false>(stream, qp);
+      else
+        launch_mma_dim<128, false>(stream, qp);
+      return;
+    }
     if (p.head_dim == 64)
       launch_tiles_dim<64>(stream, p);
     else
@@ -545,6 +1006,22 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
   }
   if (dt == DType::f32) launch_rows_typed<float>(stream, p);
   else launch_rows_typed<__nv_bfloat16>(stream, p);
+}
+
+bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
+                                std::int32_t max_query_len) noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_FUSE_QK");  // at every call, as use_mma
+  const bool enabled = env != nullptr && std::string_view(env) != "0";
+  return enabled && max_query_len == 1 && use_tiles(dt, head_dim) && use_mma() && group >= 1 &&
+         group <= 8;
+}
+
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p) {
+  if (p.attn.num_tokens == 0) return;
+  if (p.attn.head_dim == 64)
+    launch_mma_dim<64, true>(stream, p);
+  else
+    launch_mma_dim<128, true>(stream, p);
 }
 
 }  // namespace xserv::cuda

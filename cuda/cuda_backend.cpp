@@ -171,6 +171,9 @@ class CudaBackend final : public Backend {
                               const DeviceBatch& batch, const KvLayer& cache) const;
   AttentionParams attention_params(const Tensor& out, const Tensor& qkv, const HeadGeometry& heads,
                                    const DeviceBatch& batch, const KvLayer& cache, float scale) const;
+  // The split-KV launch shape of a row-kernel attention (from the context bucket, so graphs stay
+  // valid while contexts grow within it) and its scratch: partials and tickets.
+  void set_attention_splits(AttentionParams& p, DType dt, const DeviceBatch& batch);
   void norm(const char* op, bool rms, Tensor out, const Tensor& x, Tensor residual,
             const Tensor& weight, const Tensor& bias, float eps);
   // Grows a scratch buffer of the work arena; growing drops recorded graphs (they hold the old
@@ -204,6 +207,7 @@ class CudaBackend final : public Backend {
 
   // Split-KV partials and sampling inputs.
   Buffer split_scratch_;
+  Buffer attention_tickets_;  // AttentionParams::tickets of the decode attention (kept zeroed)
   Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
   PinnedBuffer sample_host_;
   Buffer sample_device_;
@@ -272,6 +276,7 @@ CudaBackend::~CudaBackend() {
   transit_ = Buffer();
   batch_device_ = Buffer();
   split_scratch_ = Buffer();
+  attention_tickets_ = Buffer();
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
   sample_device_ = Buffer();
@@ -686,6 +691,33 @@ AttentionParams CudaBackend::attention_params(const Tensor& out, const Tensor& q
   return p;
 }
 
+void CudaBackend::set_attention_splits(AttentionParams& p, DType dt, const DeviceBatch& batch) {
+  // Splits are sized from the power-of-two bucket of the longest context, not the context itself,
+  // so a recorded graph covers every context up to its bucket.
+  const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
+  const AttentionSplit split = attention_rows_split(
+      dt, p.head_dim, p.n_q_heads / p.n_kv_heads,
+      static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, bucket, sm_count_);
+  const std::int32_t splits = split.num_splits;
+  p.num_splits = splits;
+  p.split_size = split.split_size;
+  if (splits > 1) {
+    const std::size_t parts = static_cast<std::size_t>(p.num_tokens) * p.n_q_heads * splits;
+    const std::size_t bytes = parts * (static_cast<std::size_t>(p.head_dim) + 2) * sizeof(float);
+    ensure_scratch(split_scratch_, bytes);
+    p.partial_out = static_cast<float*>(split_scratch_.data());
+    p.partial_ml = p.partial_out + parts * p.head_dim;
+  }
+  // Sized at every call, split or not, so the largest batch of warm-up allocates what any later
+  // graph capture needs.
+  const std::size_t ticket_bytes = static_cast<std::size_t>(p.num_tokens) * p.n_kv_heads * sizeof(unsigned);
+  if (attention_tickets_.size() < ticket_bytes) {
+    ensure_scratch(attention_tickets_, ticket_bytes);
+    XSERV_CUDA_CHECK(cudaMemsetAsync(attention_tickets_.data(), 0, attention_tickets_.size(), stream_));
+  }
+  p.tickets = static_cast<unsigned*>(attention_tickets_.data());
+}
+
 void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
                             const DeviceBatch& batch, const KvLayer& cache, float scale) {
   const DType dt = qkv.dtype;
@@ -698,22 +730,7 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
   XSERV_CHECK(attention_rows_supported(heads.head_dim, heads.n_q_heads / heads.n_kv_heads),
               ErrorCode::unsupported, "attention: head_dim {} with {} q heads per kv head",
               heads.head_dim, heads.n_q_heads / heads.n_kv_heads);
-  // Splits are sized from the power-of-two bucket of the longest context, not the context itself,
-  // so a recorded graph covers every context up to its bucket.
-  const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
-  const AttentionSplit split = attention_rows_split(
-      dt, heads.head_dim, heads.n_q_heads / heads.n_kv_heads,
-      static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, bucket, sm_count_);
-  const std::int32_t splits = split.num_splits;
-  p.num_splits = splits;
-  p.split_size = split.split_size;
-  if (splits > 1) {
-    const std::size_t parts = static_cast<std::size_t>(p.num_tokens) * p.n_q_heads * splits;
-    const std::size_t bytes = parts * (static_cast<std::size_t>(p.head_dim) + 2) * sizeof(float);
-    ensure_scratch(split_scratch_, bytes);
-    p.partial_out = static_cast<float*>(split_scratch_.data());
-    p.partial_ml = p.partial_out + parts * p.head_dim;
-  }
+  set_attention_splits(p, dt, batch);
   launch_attention_rows(stream_, dt, p);
 }
 
@@ -733,6 +750,16 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     const QkAttentionParams p{attention_params(out, qkv, heads, batch, cache, scale),
                               qk_params(qkv, heads, t, batch, cache)};
     launch_qk_attention(stream_, qkv.dtype, p);
+    return;
+  }
+  // Opt-in (XSERV_CUDA_ATTN_FUSE_QK=1): the split mma decode kernel with the prologue folded in.
+  if (group > 0 && heads.n_q_heads % heads.n_kv_heads == 0 &&
+      qk_attention_mma_supported(qkv.dtype, heads.head_dim, group, batch.max_query_len)) {
+    QkAttentionParams p{attention_params(out, qkv, heads, batch, cache, scale),
+                        qk_params(qkv, heads, t, batch, cache)};
+    if (p.attn.num_tokens == 0) return;
+    set_attention_splits(p.attn, qkv.dtype, batch);
+    launch_qk_attention_mma(stream_, p);
     return;
   }
   qk_transform_store(qkv, heads, t, batch, cache);

@@ -161,6 +161,10 @@ struct AttentionParams {
   float* partial_out = nullptr;
   float* partial_ml = nullptr;
   std::int32_t num_splits = 1, split_size = 0;
+  // [T, n_kv_heads] counters, zero between launches: the bf16 mma decode kernel's blocks count
+  // their finished splits here and the last one merges them (and resets its counter). Without
+  // them, split launches take the tile kernel and a merge kernel instead.
+  unsigned* tickets = nullptr;
 };
 // One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
@@ -188,6 +192,13 @@ struct QkAttentionParams {
   QkTransformParams qk;
 };
 bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
+// attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
+// transforms its q heads, the block of the row's own key writes k and v to the cache first), for
+// steps where every sequence has one query row. The splits (attn.num_splits, split_size,
+// partial_*, tickets) are set as for launch_attention_rows. Opt-in: XSERV_CUDA_ATTN_FUSE_QK=1.
+bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
+                                std::int32_t max_query_len) noexcept;
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
 void launch_qk_attention(cudaStream_t stream, DType dt, const QkAttentionParams& p);
 
 // sampling.cu

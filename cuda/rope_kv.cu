@@ -8,10 +8,12 @@
 // cosf/sinf in f32, out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin.
 // Launch: grid (rows, ceil(heads / 8)), 8 warps, one head per warp (a decode step spreads its
 // heads over several SMs); a head's values are staged in shared memory so the rotation can pair
-// any two lanes.
+// any two lanes. The per-head transform is cuda/qk_transform.cuh (shared with the fused decode
+// attention).
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/qk_transform.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -43,37 +45,12 @@ __global__ void qk_transform_store_kernel(const QkTransformParams p) {
     const bool is_q = head < p.n_q_heads;
     const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
     if (is_q && !norm && !p.rope) continue;  // GPT-2: q stays as the GEMM wrote it
-    float sq = 0.0f;
-    for (int i = lane; i < D; i += 32) {
-      const float v = to_f32(src[i]);
-      s[i] = v;
-      sq += v * v;
-    }
-    if (norm) {
-      const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(D) + p.norm_eps);
-      // Rounded to the activation dtype before the weight and after it, as HF's RMSNorm does.
-      for (int i = lane; i < D; i += 32)
-        s[i] = to_f32(from_f32<T>(to_f32(from_f32<T>(s[i] * rstd)) * to_f32(norm[i])));
-    }
-    __syncwarp();
     T* dst = src;
     if (!is_q) {
       const int kvh = head - p.n_q_heads;
       dst = static_cast<T*>(p.k_cache) + (slot * p.n_kv_heads + kvh) * D;
     }
-    if (p.rope) {
-      const int half = D / 2;
-      for (int i = lane; i < half; i += 32) {
-        const float angle = pos * p.inv_freq[i];
-        const float c = cosf(angle), sn = sinf(angle);
-        const float x1 = s[i], x2 = s[i + half];
-        dst[i] = from_f32<T>(x1 * c - x2 * sn);
-        dst[i + half] = from_f32<T>(x2 * c + x1 * sn);
-      }
-    } else {
-      for (int i = lane; i < D; i += 32) dst[i] = from_f32<T>(s[i]);
-    }
-    __syncwarp();  // the next head reuses this warp's stage
+    transform_head<T>(p, src, dst, s, norm, pos, lane);
   }
 }
 

@@ -46,6 +46,14 @@
 #                                       XSERV_CUDA_SKINNY_ROWS=0) and on the skinny kernel (after);
 #                                       SKINNY_NCU=1 adds one 16-row Qwen3-8B step per kernel (ncu),
 #                                       SKINNY_SERVE=0 leaves the serving runs out
+#   scripts/cuda_device_run.sh dattn   [cuda] tests (TEST_SPEC: a filter; SKIP_TESTS=1: none), compute-sanitizer over the
+#                                       decode attention tests, then decode with the tile kernel
+#                                       (XSERV_CUDA_ATTN_MMA=0, before) and the mma kernel (after):
+#                                       Qwen3-8B after 16k, 1.7B after 4k, batch 1 of 0.6B/1.7B/8B,
+#                                       8B serving at 16/128; the attention kernels' time and DRAM
+#                                       bytes of one decode step (ncu). VARIANTS="stages2 ..." adds
+#                                       tuning runs after 16k/4k (XSERV_CUDA_ATTN_STAGES / _SPLIT_KEYS),
+#                                       B1_VARIANTS="fuseqk ..." to the 0.6B/1.7B batch-1 runs
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -79,7 +87,7 @@ bench() {  # model dir, extra args; prints generate_bench's table
 
 run_cuda_tests() {  # the [cuda] tests; the log in $OUT/tests.txt, failures and totals here
   echo "== [cuda] tests"
-  timeout "$1" "$bin/xserv_tests" "[cuda]" --durations yes >"$OUT/tests.txt" 2>&1
+  timeout "$1" "$bin/xserv_tests" "${TEST_SPEC:-[cuda]}" --durations yes >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|with expansion|:[0-9]+: " "$OUT/tests.txt" | tail -30
 }
 
@@ -323,6 +331,60 @@ PY
     fi
   } 2>&1 | tee "$OUT/prefill.txt"
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
+elif [ "$stage" = dattn ]; then
+  # Issue 12 / 10: the mma decode attention (default) against the tile kernel before it.
+  [ "${SKIP_TESTS:-0}" = 1 ] || run_cuda_tests 200
+  [ "${SANITIZE:-1}" = 1 ] && sanitize "cuda decode attention kernels*,cuda run_graph*" sanitizer.txt
+  side_env() {  # side name -> env assignments
+    case $1 in
+      before) echo XSERV_CUDA_ATTN_MMA=0 ;;
+      after) echo XSERV_CUDA_NOTHING=1 ;;
+      stages2) echo XSERV_CUDA_ATTN_STAGES=2 ;;
+      stages4) echo XSERV_CUDA_ATTN_STAGES=4 ;;
+      split16) echo XSERV_CUDA_ATTN_SPLIT_KEYS=16 ;;
+      split128) echo XSERV_CUDA_ATTN_SPLIT_KEYS=128 ;;
+      split256) echo XSERV_CUDA_ATTN_SPLIT_KEYS=256 ;;
+      fuseqk) echo XSERV_CUDA_ATTN_FUSE_QK=1 ;;
+      *) echo "$1" ;;  # NAME=VALUE
+    esac
+  }
+  ab() {  # sides, binary, model, args...: one line per side
+    local sides=$1 exe=$2 m=$3
+    for side in $sides; do
+      printf -- "-- %s %s %s: " "$(basename "$exe")" "$m ${*:4}" "$side"
+      env $(side_env "$side") timeout 120 "$bin/$exe" --dummy-weights --config bench/configs/$m.json \
+        --device cuda "${@:4}" 2>&1 | grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
+    done
+  }
+  {
+    ab "before after ${VARIANTS:-}" generate_bench qwen3-8b --prompt-len 16384 --gen-len 16 --batch 1 --repeat 1
+    ab "before after ${VARIANTS:-}" generate_bench qwen3-1.7b --prompt-len 4096 --gen-len 64 --batch 1 --repeat 1
+    for m in qwen3-0.6b qwen3-1.7b; do
+      ab "before after ${B1_VARIANTS:-}" generate_bench $m --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
+    done
+    ab "before after" generate_bench qwen3-8b --prompt-len 128 --gen-len 128 --batch 1 --repeat 2
+    [ "${SERVE:-1}" = 1 ] && ab "before after" serve_bench qwen3-8b --concurrency 16,128 --max-batch-tokens 2048
+  } 2>&1 | tee "$OUT/ab.txt"
+  if [ "${NCU:-1}" = 1 ]; then
+    mkdir -p /tmp/ncu
+    ncu_attn() {  # config, prompt length, rows, name, env...: the attention kernels of one step
+      echo "== ncu: attention of one decode step, $(basename "$1" .json), prompt $2, $3 rows ${*:5}"
+      env XSERV_CUDA_PROFILE_REPLAY=3 "${@:5}" timeout 150 ncu --clock-control none --cache-control none \
+        --profile-from-start off -k regex:"attention_(decode|tiles|merge|rows)" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$bin/generate_bench" --dummy-weights \
+        --config "$1" --device cuda --batch "$3" --prompt-len "$2" --gen-len 8 --repeat 1 >"/tmp/ncu/$4.csv" 2>&1
+      python3 scripts/ncu_table.py "/tmp/ncu/$4.csv" || tail -5 "/tmp/ncu/$4.csv"
+    }
+    {
+      [ "${NCU_BEFORE:-1}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 16384 1 attn_8b_16k_before XSERV_CUDA_ATTN_MMA=0
+      ncu_attn bench/configs/qwen3-8b.json 16384 1 attn_8b_16k
+      [ "${NCU_BEFORE:-1}" = 1 ] && ncu_attn bench/configs/qwen3-0.6b.json 128 1 attn_06b_b1_before XSERV_CUDA_ATTN_MMA=0
+      ncu_attn bench/configs/qwen3-0.6b.json 128 1 attn_06b_b1
+      [ "${NCU_128:-0}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 128 128 attn_8b_128_before XSERV_CUDA_ATTN_MMA=0
+      [ "${NCU_128:-0}" = 1 ] && ncu_attn bench/configs/qwen3-8b.json 128 128 attn_8b_128
+    } 2>&1 | tee "$OUT/ncu_attn.txt"
+    tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
+  fi
 elif [ "$stage" = profile ]; then
   run_cuda_tests 100
   mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
@@ -639,6 +640,60 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
                                          << seqs->size() << " block " << bs);
           run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs, false, true);
         }
+      }
+    }
+  }
+}
+
+// The bf16 decode kernels against the CPU backend's attention over the same bf16 q and cache
+// (run_attention_case's exact_inputs: 1e-2 absolute + 1e-2 relative; both round P to bf16):
+// the mma kernel at 3 (default), 2 and 4 chunk buffers a warp and with 16- or 64-key split
+// units, and the tile kernel it replaced (XSERV_CUDA_ATTN_MMA=0). Contexts around the 16-key
+// chunks, the 64 keys of a block's four warps and the split sizes; batches whose short rows
+// leave most splits empty (the in-kernel merge skips them) and rows of different lengths; 40
+// rows (one split each at 8 kv heads); one 16500-key row over 2 kv heads (256 splits merged by
+// the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
+// chunk straddles blocks); and the mma kernel with the q/k prologue folded in
+// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention).
+TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed lengths", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(21);
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  const Seqs edges = {{1, 1},  {1, 15}, {1, 16},  {1, 17},  {1, 63},
+                      {1, 64}, {1, 65}, {1, 129}, {1, 257}, {1, 1000}};
+  Seqs many;
+  for (std::int32_t i = 0; i < 40; ++i) many.emplace_back(1, 1 + (i * 37) % 300);
+  const Seqs mid = {{1, 4097}, {1, 2000}};
+  const Seqs one_long = {{1, 16500}};
+  struct Case {
+    HeadGeometry geom;
+    const Seqs* seqs;
+  };
+  const Case cases[] = {{{16, 8, 128}, &edges}, {{32, 8, 128}, &edges}, {{8, 1, 64}, &edges},
+                        {{12, 12, 64}, &edges}, {{40, 8, 128}, &mid},   {{16, 2, 64}, &mid},
+                        {{16, 8, 128}, &many},  {{8, 1, 128}, &many},   {{8, 2, 128}, &one_long}};
+  struct Kernel {
+    const char *mma, *stages, *split_keys, *fuse_qk;
+  };
+  const Kernel kernels[] = {{"1", "3", "64", "0"}, {"1", "2", "16", "0"}, {"1", "4", "64", "0"},
+                            {"0", "3", "64", "0"}, {"1", "3", "64", "1"}, {"1", "2", "16", "1"}};
+  for (const auto& k : kernels) {
+    const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all four read at every call
+    const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
+    const ScopedEnv env_split("XSERV_CUDA_ATTN_SPLIT_KEYS", k.split_keys);
+    const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", k.fuse_qk);
+    const bool fused = std::string_view(k.fuse_qk) == "1";
+    for (const auto& c : cases) {
+      for (std::int32_t bs : {16, 5}) {
+        INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << k.stages << " SPLIT_KEYS="
+                                    << k.split_keys << " FUSE_QK=" << k.fuse_qk << " heads "
+                                    << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
+                                    << c.geom.head_dim << " rows " << c.seqs->size()
+                                    << " last context " << c.seqs->back().second << " block " << bs);
+        // The fused kernel (qk_attention) leaves q unspecified: compared with the CPU's whole
+        // prologue + attention instead, at the separate ops' tolerance.
+        run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, fused, !fused);
       }
     }
   }
