@@ -17,6 +17,8 @@
 #      for the baseline, at 2, 8 and 16 pinned threads, with the streaming-read ceiling;
 #   4. the per-op profile of a Qwen3-0.6B decode step at 8 threads (generate_bench --profile).
 # About 3 minutes on 16 cores. SKIP_BASE=1 skips the baseline's benchmarks.
+# STAGE=prefill replaces steps 3-4 by bench/cpu_prefill_probe.sh (prefill rows of several runs
+# each with env variants, per-op profiles of a prefill, the GEMMs alone at 1/2/8/16 threads).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 L=$OUT/l
@@ -40,7 +42,7 @@ build() {  # source dir, build dir, targets...
     -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF &&
     cmake --build "$dir" -j16 --target "$@"
 }
-build . /tmp/bcpu xserv_tests generate_bench stream_read_bench >"$L/build.log" 2>&1 &
+build . /tmp/bcpu xserv_tests generate_bench stream_read_bench cpu_ops_bench >"$L/build.log" 2>&1 &
 this_build=$!
 base_build=""
 if [ -n "$base_src" ]; then
@@ -56,6 +58,13 @@ stamp "tested"
 
 wait "$makers"
 stamp "checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
+if [ "${STAGE:-}" = prefill ]; then
+  BUILD=/tmp/bcpu bench/cpu_prefill_probe.sh "$L/prefill" >/dev/null 2>"$L/prefill_err.log"
+  stamp "prefill probed"
+  { echo; cat "$L/prefill/prefill.md"; tail -5 "$L/prefill_err.log"; } | tee -a "$OUT/summary.md"
+  tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
+  exit 0
+fi
 THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2 qwen3-1.7b" BUILD=/tmp/bcpu REBUILD=0 \
   VARIANTS="chunks1:XSERV_CPU_CHUNKS=1" VARIANT_MODELS=qwen3-0.6b \
   bench/cpu_compare.sh "$L/cpu_compare_this.md" >/dev/null

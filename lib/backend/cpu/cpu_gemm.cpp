@@ -8,6 +8,7 @@
 // packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <span>
 #include <vector>
@@ -172,7 +173,20 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
     run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
     return;
   }
-  const GemmSplit split = split_gemm(m, n, threads);
+  GemmSplit split = split_gemm(m, n, threads);
+  // Measurement only: XSERV_CPU_GEMM_TILE=W[xR] forces the prefill tile width (a multiple of 32,
+  // at most 128) and row blocks, to compare splits on a given machine (docs/cpu.md).
+  static const GemmSplit forced = [] {
+    GemmSplit f{0, 0};
+    if (const char* v = std::getenv("XSERV_CPU_GEMM_TILE")) {
+      char* end = nullptr;
+      f.tile_n = std::strtoll(v, &end, 10);
+      f.row_blocks = end && *end == 'x' ? std::strtoll(end + 1, nullptr, 10) : 1;
+      if (f.tile_n < 32 || f.tile_n > 128 || f.tile_n % 32 || f.row_blocks < 1) f = {0, 0};
+    }
+    return f;
+  }();
+  if (forced.tile_n) split = forced;
   const std::int64_t tile_n = split.tile_n, row_blocks = split.row_blocks;
   const std::int64_t col_tiles = (n + tile_n - 1) / tile_n;
   const std::int64_t tasks = col_tiles * row_blocks;
