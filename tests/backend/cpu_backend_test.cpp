@@ -88,6 +88,44 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   }
 }
 
+TEST_CASE("cpu layer_norm_gemm with the GELU fused equals the three ops one by one", "[cpu]") {
+  // The CPU backend applies the GELU inside the GEMM (each output tile as it is finished, or at
+  // the GEMV's store); Backend::layer_norm_gemm runs layer_norm, gemm and gelu separately.
+  std::mt19937 rng(11);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 33, 70}, {4, 256, 67}, {9, 300, 200}, {40, 77, 129}, {130, 260, 300}};
+  for (auto& be : every_backend()) {
+    for (const auto& c : cases) {
+      for (DType wt : kWeightTypes) {
+        for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+          for (bool gelu : {false, true}) {
+            INFO(be->name() << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                            << dtype_name(wt) << " out_in=" << (layout == WeightLayout::out_in)
+                            << " gelu=" << gelu);
+            auto x = random_floats(rng, static_cast<std::size_t>(c.m * c.k), -2.0f, 2.0f);
+            auto g = make_weight(rng, static_cast<std::size_t>(c.k), wt);
+            auto gb = make_weight(rng, static_cast<std::size_t>(c.k), wt);
+            auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+            auto bias = make_weight(rng, static_cast<std::size_t>(c.n), wt);
+            const Shape ws = layout == WeightLayout::out_in ? Shape{c.n, c.k} : Shape{c.k, c.n};
+            std::vector<float> got(static_cast<std::size_t>(c.m * c.n), NAN), want = got;
+            std::vector<float> h(x.size()), h2(x.size());
+            be->layer_norm_gemm(view(got, {c.m, c.n}), view(x, {c.m, c.k}), g.tensor({c.k}),
+                                gb.tensor({c.k}), 1e-5f, w.tensor(ws), layout, bias.tensor({c.n}),
+                                gelu, view(h, {c.m, c.k}));
+            be->Backend::layer_norm_gemm(view(want, {c.m, c.n}), view(x, {c.m, c.k}),
+                                         g.tensor({c.k}), gb.tensor({c.k}), 1e-5f, w.tensor(ws),
+                                         layout, bias.tensor({c.n}), gelu, view(h2, {c.m, c.k}));
+            require_close(got, std::vector<double>(want.begin(), want.end()), 1e-6, 1e-6);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cpu gemm_parts matches a naive reference, one part per column range", "[cpu]") {
   std::mt19937 rng(11);
   // Parts as q/k/v (with and without biases) and gate/up; M = 1..8 runs one GEMV loop over all

@@ -54,6 +54,11 @@ class CpuBackend final : public Backend {
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
                  const DeviceBatch& batch, const KvLayer& cache, float scale) override;
   void gelu(Tensor x) override;
+  // LayerNorm, then the GEMM with the GELU fused into its epilogue (applied to each output tile
+  // while it is in cache, without a parallel loop of its own).
+  void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                       const Tensor& norm_bias, float eps, const Tensor& w, WeightLayout layout,
+                       const Tensor& bias, bool gelu, Tensor h_scratch) override;
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
@@ -64,6 +69,8 @@ class CpuBackend final : public Backend {
   const KernelTable& kernel_table() const noexcept { return *kernels_; }
 
  private:
+  void gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                 const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu);
   void norm(const char* op, Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
             const Tensor& bias, float eps, bool rms);
 

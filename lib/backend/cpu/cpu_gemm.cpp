@@ -8,6 +8,7 @@
 // packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <span>
@@ -26,9 +27,23 @@ namespace {
 // The most weights gemm_parts runs as one loop (q/k/v: 3); more go one gemm each.
 constexpr std::size_t max_gemv_parts = 8;
 
+// 64-byte aligned: the micro-kernel loads each packed panel row as whole 512-bit registers, and
+// malloc's 16-byte alignment (a 128 KB block comes from mmap, 16 bytes past a page) made every
+// one of those loads straddle two cache lines.
 float* gemm_scratch() {
-  thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats));
-  return scratch.data();
+  thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats + 16));
+  const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
+  return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
+}
+
+// Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
+// instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
+std::int64_t gemm_kc() {
+  static const std::int64_t kc = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_KC");
+    return v ? std::clamp<std::int64_t>(std::atoll(v), 0, 256) : 0;
+  }();
+  return kc;
 }
 
 // bias + beta * out into out, the part of the epilogue sgemm cannot do.
@@ -86,6 +101,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.beta = beta;
   p.out = out.as<float>();
   p.ldo = ldo;
+  p.kc = gemm_kc();
   return p;
 }
 
@@ -149,8 +165,22 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
 
 void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                       const Tensor& bias, float beta, std::int64_t out_row_stride) {
+  gemm_impl(out, a, w, layout, bias, beta, out_row_stride, false);
+}
+
+void CpuBackend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                                 const Tensor& norm_bias, float eps, const Tensor& w,
+                                 WeightLayout layout, const Tensor& bias, bool gelu,
+                                 Tensor h_scratch) {
+  layer_norm(h_scratch, x, {}, norm_weight, norm_bias, eps);
+  gemm_impl(out, h_scratch, w, layout, bias, 0.0f, 0, gelu);
+}
+
+void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                           const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu) {
   std::optional<F32View> bias_f32;
-  const GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
+  GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
+  p.gelu = gelu;
   const std::int64_t m = p.m, n = p.n;
   if (m == 0 || n == 0) return;
 
@@ -163,6 +193,7 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(p.k), 1.0f, p.a,
                 static_cast<int>(p.k), w.as<const float>(), static_cast<int>(out_in ? p.k : n),
                 plain ? 0.0f : 1.0f, p.out, static_cast<int>(p.ldo));
+    if (gelu) this->gelu(out);  // only layer_norm_gemm sets it, with a contiguous out
     return;
   }
 #endif
