@@ -145,6 +145,24 @@ void BM_attention_decode(benchmark::State& state) {
 }
 BENCHMARK(BM_attention_decode)->Args({1, 1024})->Args({8, 512})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// LayerNorm of a prefill's rows (GPT-2: 128 x 768), as the layers run it (no residual).
+void BM_layer_norm(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), d = state.range(1);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * d)), out(x.size()), w(static_cast<std::size_t>(d), 1.0f),
+      b(static_cast<std::size_t>(d), 0.0f);
+  for (auto& v : x) v = dist(rng);
+  auto& be = backend(false);
+  for (auto _ : state) {
+    be.layer_norm(Tensor(out.data(), DType::f32, {rows, d}), Tensor(x.data(), DType::f32, {rows, d}),
+                  Tensor{}, Tensor(w.data(), DType::f32, {d}), Tensor(b.data(), DType::f32, {d}), 1e-5f);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_layer_norm)->Args({128, 768})->Args({1, 768})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 #if defined(__x86_64__) && defined(__GNUC__)
 // One core's f32 FMA peak with AVX-512 (the ceiling the GEMM rows' GFLOP/s compare with): 16
 // independent accumulator chains of 512-bit FMAs, enough to cover 2 FMA units x 4-cycle latency.

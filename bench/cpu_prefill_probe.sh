@@ -43,6 +43,17 @@ gemm_rows() {
   [ -x "$build/bench/cpu_ops_bench" ] || return
   taskset -c 0 "$build/bench/cpu_ops_bench" --benchmark_filter=BM_fma_peak --benchmark_min_time=0.2 >"$out/fma_peak.txt" 2>&1
   echo "one core's FMA peak (BM_fma_peak): $(grep -o 'GFLOP/s=[0-9.]*' "$out/fma_peak.txt" | head -1)" | tee -a "$md"
+  # The same on N cores at once (one process per core): whether the clock drops with all busy.
+  for n in ${FMA_CORES:-}; do
+    [ "$n" -le "$(nproc)" ] || continue
+    for c in $(seq 0 $((n - 1))); do
+      taskset -c "$c" "$build/bench/cpu_ops_bench" --benchmark_filter=BM_fma_peak --benchmark_min_time=0.3 \
+        >"$out/fma_peak_${n}_$c.txt" 2>&1 &
+    done
+    wait
+    echo "FMA peak per core with $n cores busy: $(cat "$out"/fma_peak_${n}_*.txt | grep -o 'GFLOP/s=[0-9.]*' |
+      cut -d= -f2 | stats)" | tee -a "$md"
+  done
   for n in ${GEMM_THREADS:-}; do
     [ "$n" -le "$(nproc)" ] || continue
     XSERV_BENCH_THREADS=$n taskset -c "0-$((n - 1))" "$build/bench/cpu_ops_bench" \

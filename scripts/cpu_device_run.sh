@@ -19,7 +19,7 @@
 # About 3 minutes on 16 cores. SKIP_BASE=1 skips the baseline's benchmarks.
 # STAGE=prefill replaces steps 3-4 by bench/cpu_prefill_probe.sh (prefill rows of several runs
 # each with env variants, per-op profiles of a prefill, the GEMMs alone at 1/2/8/16 threads).
-# STAGE=ab: no checkpoints (dummy weights, bench/configs), this tree against BASE_SRC through
+# STAGE=ab: the gpt2 and qwen3-0.6b checkpoints only, this tree against BASE_SRC through
 # bench/cpu_prefill_probe.sh with AB_ROWS (default below: 3 interleaved runs per row), one
 # core's FMA peak and the GEMMs alone; $OUT/rows.md fills as rows finish, so a run cut short by
 # its time limit still returns what it measured.
@@ -33,16 +33,13 @@ export MODELS=/tmp/models PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
-makers=""
-if [ "${STAGE:-}" != ab ]; then
-  (mkdir -p "$MODELS"
-   for m in qwen3-0.6b gpt2 qwen3-1.7b; do
-     [ -f "$MODELS/$m/config.json" ] || python3 .devdeps/tools/make_random_model.py "$MODELS" "$m"
-   done) >"$L/models.log" 2>&1 &
-  makers=$!
-else
-  export MODELS=/tmp/no-checkpoints  # dummy weights for every model
-fi
+checkpoints="qwen3-0.6b gpt2 qwen3-1.7b"
+[ "${STAGE:-}" = ab ] && checkpoints="gpt2 qwen3-0.6b"
+(mkdir -p "$MODELS"
+ for m in $checkpoints; do
+   [ -f "$MODELS/$m/config.json" ] || python3 .devdeps/tools/make_random_model.py "$MODELS" "$m"
+ done) >"$L/models.log" 2>&1 &
+makers=$!
 
 build() {  # source dir, build dir, targets...
   local src=$1 dir=$2
@@ -67,14 +64,16 @@ stamp "tested"
 
 if [ "${STAGE:-}" = ab ]; then
   [ -n "$base_build" ] && { wait "$base_build" || tail -20 "$L/build_base.log"; }
-  stamp "base built"
+  wait "$makers"
+  stamp "base built; checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
   ab_rows="this:gpt2:8:-  base:gpt2:8:-  this:gpt2:16:-  base:gpt2:16:-  this:gpt2:2:-  base:gpt2:2:-;
     this:qwen3-0.6b:8:-  base:qwen3-0.6b:8:-  this:qwen3-0.6b:16:-  base:qwen3-0.6b:16:-;
     this:gpt2:8:in_out:XSERV_CPU_CONV1D=in_out  this:gpt2:8:spin200:XSERV_CPU_SPIN_US=200
-    this:gpt2:8:kc128:XSERV_CPU_GEMM_KC=128  this:qwen3-0.6b:8:kc128:XSERV_CPU_GEMM_KC=128;
-    this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-;  this:qwen3-1.7b:8:-  this:qwen3-1.7b:16:-"
-  ROWS=${AB_ROWS:-$ab_rows} BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase GEMM_THREADS=${GEMM_THREADS:-"1 8"} \
-    MD="$OUT/rows.md" bench/cpu_prefill_probe.sh "$L/ab" >/dev/null 2>"$L/ab_err.log"
+    this:gpt2:8:kc128:XSERV_CPU_GEMM_KC=128  this:qwen3-0.6b:8:kc128:XSERV_CPU_GEMM_KC=128
+    this:gpt2:16:spin200:XSERV_CPU_SPIN_US=200  this:qwen3-0.6b:8:spin200:XSERV_CPU_SPIN_US=200;
+    this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-"
+  ROWS=${AB_ROWS:-$ab_rows} BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase GEMM_THREADS=${GEMM_THREADS:-"1 8"} FMA_CORES=${FMA_CORES:-"8 16"} \
+    PROFILES=${PROFILES:-gpt2:8} MD="$OUT/rows.md" bench/cpu_prefill_probe.sh "$L/ab" >/dev/null 2>"$L/ab_err.log"
   stamp "measured"
   tail -5 "$L/ab_err.log"
   tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"

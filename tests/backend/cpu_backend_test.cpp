@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 using xserv::cpu::CpuBackend;
@@ -618,6 +619,34 @@ TEST_CASE("cpu prefill then decode through qk_transform_store and attention", "[
   first.insert(first.end(), rest.begin(), rest.end());
   REQUIRE(first.size() == whole.size());
   for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(first[i] == Approx(whole[i]).margin(1e-6));
+}
+
+TEST_CASE("cpu backend threads poll longer during a prefill than during decode", "[cpu]") {
+  // XSERV_CPU_SPIN_US / XSERV_CPU_PREFILL_SPIN_US unset: 20 us for decode batches (up to
+  // gemv_max_rows tokens), 200 us for larger ones; loops still run to completion either way.
+  const test::ScopedEnv spin("XSERV_CPU_SPIN_US", nullptr), prefill("XSERV_CPU_PREFILL_SPIN_US", nullptr);
+  CpuBackend be(BackendOptions{3, 0});
+  auto batch = [](std::int32_t tokens) {
+    ForwardBatch b;
+    for (std::int32_t t = 0; t < tokens; ++t) {
+      b.token_ids.push_back(0);
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(t);
+    }
+    b.query_start = {0, tokens};
+    b.context_lens = {tokens};
+    b.block_tables = {0};
+    b.max_blocks_per_seq = 1;
+    return b;
+  };
+  REQUIRE(be.spin_us() == 20);
+  be.upload_batch(batch(cpu::gemv_max_rows + 1));
+  REQUIRE(be.spin_us() == 200);
+  std::vector<float> x(4096, -1.0f);
+  be.gelu(view(x, {4096}));
+  REQUIRE(std::abs(x[4095] - (-0.158808f)) < 1e-5f);
+  be.upload_batch(batch(cpu::gemv_max_rows));
+  REQUIRE(be.spin_us() == 20);
 }
 
 TEST_CASE("cpu upload_batch copies the batch and ForwardBatch::validate checks it", "[cpu]") {
