@@ -65,7 +65,6 @@ gemm_rows() {
       "$out/gemm_$n.txt")" | tee -a "$md"
   done
 }
-gemm_rows
 
 {
   echo
@@ -104,6 +103,9 @@ for block in "${blocks[@]}"; do
   done
   unset pre dec
 done
+
+echo | tee -a "$md"
+gemm_rows
 
 # Per-op profiles of a prefill (generate_bench --profile prints the prefill's ops, then decode's;
 # the timed wrapper runs layer_norm_gemm as its three steps).

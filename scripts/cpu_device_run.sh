@@ -68,11 +68,12 @@ if [ "${STAGE:-}" = ab ]; then
   stamp "base built; checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
   ab_rows="this:gpt2:8:-  base:gpt2:8:-  this:gpt2:16:-  base:gpt2:16:-  this:gpt2:2:-  base:gpt2:2:-;
     this:qwen3-0.6b:8:-  base:qwen3-0.6b:8:-  this:qwen3-0.6b:16:-  base:qwen3-0.6b:16:-;
-    this:gpt2:8:in_out:XSERV_CPU_CONV1D=in_out  this:gpt2:8:spin200:XSERV_CPU_SPIN_US=200
-    this:gpt2:8:kc128:XSERV_CPU_GEMM_KC=128  this:qwen3-0.6b:8:kc128:XSERV_CPU_GEMM_KC=128
-    this:gpt2:16:spin200:XSERV_CPU_SPIN_US=200  this:qwen3-0.6b:8:spin200:XSERV_CPU_SPIN_US=200;
+    this:gpt2:8:in_out:XSERV_CPU_CONV1D=in_out  this:gpt2:8:pspin20:XSERV_CPU_PREFILL_SPIN_US=20
+    this:gpt2:8:spin200:XSERV_CPU_SPIN_US=200  this:gpt2:8:kc128:XSERV_CPU_GEMM_KC=128
+    this:qwen3-0.6b:8:kc128:XSERV_CPU_GEMM_KC=128  this:qwen3-0.6b:8:pspin20:XSERV_CPU_PREFILL_SPIN_US=20;
     this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-"
   ROWS=${AB_ROWS:-$ab_rows} BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase GEMM_THREADS=${GEMM_THREADS:-"1 8"} FMA_CORES=${FMA_CORES:-"8 16"} \
+    GEMM_FILTER=${GEMM_FILTER:-"BM_gemm/(1|3|6|8)/128/0/0|BM_gemm/10/128/1/0"} \
     PROFILES=${PROFILES:-gpt2:8} MD="$OUT/rows.md" bench/cpu_prefill_probe.sh "$L/ab" >/dev/null 2>"$L/ab_err.log"
   stamp "measured"
   tail -5 "$L/ab_err.log"
