@@ -73,7 +73,7 @@ gemm_rows() {
 } | tee -a "$md"
 default_rows="this:gpt2:2:-  this:gpt2:8:-  this:gpt2:16:-;
   this:qwen3-0.6b:2:-  this:qwen3-0.6b:8:-  this:qwen3-0.6b:16:-"
-IFS=';' read -ra blocks <<<"${ROWS:-$default_rows}"
+IFS=';' read -ra blocks <<<"$(echo "${ROWS:-$default_rows}" | tr '\n' ' ')"  # one line: read stops at a newline
 for block in "${blocks[@]}"; do
   read -ra rows <<<"$block"
   declare -A pre=() dec=()
