@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -34,6 +35,18 @@ float* gemm_scratch() {
   thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats + 16));
   const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
+}
+
+// Measurement only: XSERV_CPU_GEMM_PREFETCH=l2 prefetches the next weight tile into L2 only,
+// off not at all; default l1, into L1 and L2 (GemmProblem::pack_prefetch).
+int gemm_prefetch() {
+  static const int level = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_PREFETCH");
+    if (!v) return 2;
+    const std::string_view s(v);
+    return s == "l2" ? 1 : s == "off" ? 0 : 2;
+  }();
+  return level;
 }
 
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
@@ -102,6 +115,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.out = out.as<float>();
   p.ldo = ldo;
   p.kc = gemm_kc();
+  p.pack_prefetch = gemm_prefetch();
   return p;
 }
 

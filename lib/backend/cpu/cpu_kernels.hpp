@@ -28,6 +28,9 @@ struct GemmProblem {
   std::int64_t ldo = 0;
   bool gelu = false;     // then out = gelu_tanh(out) (GPT-2's MLP up projection, fused)
   std::int64_t kc = 0;   // packed weight tile depth, 0: the kernel's own (XSERV_CPU_GEMM_KC)
+  // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
+  // 1 L2 only, 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off; measurement).
+  int pack_prefetch = 2;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
