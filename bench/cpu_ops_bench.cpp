@@ -145,6 +145,64 @@ void BM_attention_decode(benchmark::State& state) {
 }
 BENCHMARK(BM_attention_decode)->Args({1, 1024})->Args({8, 512})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// LayerNorm of a prefill's rows (GPT-2: 128 x 768), as the layers run it (no residual).
+void BM_layer_norm(benchmark::State& state) {
+  const std::int64_t rows = state.range(0), d = state.range(1);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * d)), out(x.size()), w(static_cast<std::size_t>(d), 1.0f),
+      b(static_cast<std::size_t>(d), 0.0f);
+  for (auto& v : x) v = dist(rng);
+  auto& be = backend(false);
+  for (auto _ : state) {
+    be.layer_norm(Tensor(out.data(), DType::f32, {rows, d}), Tensor(x.data(), DType::f32, {rows, d}),
+                  Tensor{}, Tensor(w.data(), DType::f32, {d}), Tensor(b.data(), DType::f32, {d}), 1e-5f);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_layer_norm)->Args({128, 768})->Args({1, 768})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// One core's f32 FMA peak with AVX-512 (the ceiling the GEMM rows' GFLOP/s compare with): 16
+// independent accumulator chains of 512-bit FMAs, enough to cover 2 FMA units x 4-cycle latency.
+// Run it pinned to one core; with XSERV_BENCH_THREADS unset it is still one thread.
+// 16 chains of vfmadd231ps on zmm0-15 (zmm16/17 the constant operands), in asm so no compiler
+// keeps them in memory.
+__attribute__((target("avx512f"), noinline)) void fma_chains(std::int64_t iters) {
+  __asm__ volatile(
+      "vxorps %%xmm16, %%xmm16, %%xmm16\n\t"
+      "vxorps %%xmm17, %%xmm17, %%xmm17\n\t"
+      "1:\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm0\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm1\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm2\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm3\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm4\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm5\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm6\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm7\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm8\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm9\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm10\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm11\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm12\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm13\n\t"
+      "vfmadd231ps %%zmm16, %%zmm17, %%zmm14\n\t vfmadd231ps %%zmm16, %%zmm17, %%zmm15\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : "+r"(iters)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+}
+void BM_fma_peak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("no AVX-512");
+    return;
+  }
+  constexpr std::int64_t iters = 1 << 20;
+  for (auto _ : state) fma_chains(iters);
+  state.counters["GFLOP/s"] = benchmark::Counter(iters * 16.0 * 16 * 2 * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_fma_peak)->Unit(benchmark::kMicrosecond)->UseRealTime();
+#endif
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -12,7 +12,7 @@
 // prefill tok/s = prompt tokens / time of the steps that held prompt tokens (they include the
 // first sampling); decode tok/s = tokens / time of the pure decode steps (each step = one
 // forward of B tokens + sampling). The best of R runs is kept (after one warm-up run).
-// --profile: after the runs, one more run whose decode steps are broken down per op
+// --profile: after the runs, one more run whose prefill and decode steps are broken down per op
 // (TimedBackend: wall time of each backend call) next to the engine's host time per step.
 #include <algorithm>
 #include <charconv>
@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -76,14 +77,18 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// One more run of `reqs`: the per-op time of its decode steps (timing restarts at the first
-// token, which ends the prefill) and the engine's host time per step.
+// One more run of `reqs`: the per-op time of its prefill (the ops before the first token, all
+// prompt tokens together) and of its decode steps (timing restarts at the first token), and the
+// engine's host time per decode step.
 void profile(Engine& engine, const std::vector<GenerationRequest>& reqs, bench::TimedBackend& timed) {
   bool started = false;
   EngineStats at_start;
+  std::map<std::string, bench::TimedBackend::Entry> prefill_ops;
+  timed.reset();
   auto on_token = [&](const TokenEvent&) {
     if (!started) {
       started = true;
+      prefill_ops = timed.entries();
       timed.reset();
       at_start = engine.stats();
     }
@@ -92,6 +97,9 @@ void profile(Engine& engine, const std::vector<GenerationRequest>& reqs, bench::
   GenerationStats s;
   generate(engine, reqs, on_token, &s);
   const EngineStats end = engine.stats();
+  std::printf("\nprofile of the prefill (%lld prompt tokens, %.1f us):\n",
+              static_cast<long long>(s.prefill_tokens), 1e6 * s.prefill_seconds);
+  bench::TimedBackend::print(prefill_ops, 1.0);
   const auto steps = static_cast<double>(s.decode_tokens) / static_cast<double>(reqs.size());
   std::printf("\nprofile of the decode steps (batch %zu, %.0f steps, %.1f us per step; engine host "
               "work %.1f us, forward %.1f us per step):\n",

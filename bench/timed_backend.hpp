@@ -30,8 +30,9 @@ class TimedBackend final : public Backend {
   const std::map<std::string, Entry>& entries() const { return entries_; }
 
   // The ops sorted by time, each as microseconds per `steps` and calls per step.
-  void print(double steps) const {
-    std::vector<std::pair<std::string, Entry>> v(entries_.begin(), entries_.end());
+  void print(double steps) const { print(entries_, steps); }
+  static void print(const std::map<std::string, Entry>& entries, double steps) {
+    std::vector<std::pair<std::string, Entry>> v(entries.begin(), entries.end());
     std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.seconds > b.second.seconds; });
     double total = 0;
     for (auto& [k, e] : v) total += e.seconds;

@@ -17,6 +17,12 @@
 #      for the baseline, at 2, 8 and 16 pinned threads, with the streaming-read ceiling;
 #   4. the per-op profile of a Qwen3-0.6B decode step at 8 threads (generate_bench --profile).
 # About 3 minutes on 16 cores. SKIP_BASE=1 skips the baseline's benchmarks.
+# STAGE=prefill replaces steps 3-4 by bench/cpu_prefill_probe.sh (prefill rows of several runs
+# each with env variants, per-op profiles of a prefill, the GEMMs alone at 1/2/8/16 threads).
+# STAGE=ab: the gpt2 and qwen3-0.6b checkpoints only, this tree against BASE_SRC through
+# bench/cpu_prefill_probe.sh with AB_ROWS (default below: 3 interleaved runs per row), one
+# core's FMA peak and the GEMMs alone; $OUT/rows.md fills as rows finish, so a run cut short by
+# its time limit still returns what it measured.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 L=$OUT/l
@@ -27,8 +33,10 @@ export MODELS=/tmp/models PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
+checkpoints="qwen3-0.6b gpt2 qwen3-1.7b"
+[ "${STAGE:-}" = ab ] && checkpoints="gpt2 qwen3-0.6b"
 (mkdir -p "$MODELS"
- for m in qwen3-0.6b gpt2 qwen3-1.7b; do
+ for m in $checkpoints; do
    [ -f "$MODELS/$m/config.json" ] || python3 .devdeps/tools/make_random_model.py "$MODELS" "$m"
  done) >"$L/models.log" 2>&1 &
 makers=$!
@@ -40,7 +48,7 @@ build() {  # source dir, build dir, targets...
     -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF &&
     cmake --build "$dir" -j16 --target "$@"
 }
-build . /tmp/bcpu xserv_tests generate_bench stream_read_bench >"$L/build.log" 2>&1 &
+build . /tmp/bcpu xserv_tests generate_bench stream_read_bench cpu_ops_bench >"$L/build.log" 2>&1 &
 this_build=$!
 base_build=""
 if [ -n "$base_src" ]; then
@@ -54,8 +62,33 @@ stamp "built"
 echo "tests [cpu],[golden]: exit $? ($(tail -2 "$L/tests.log" | tr '\n' ' '))" | tee "$OUT/summary.md"
 stamp "tested"
 
+if [ "${STAGE:-}" = ab ]; then
+  [ -n "$base_build" ] && { wait "$base_build" || tail -20 "$L/build_base.log"; }
+  wait "$makers"
+  stamp "base built; checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
+  ab_rows="this:gpt2:8:-  base:gpt2:8:-  this:gpt2:16:-  base:gpt2:16:-  this:gpt2:2:-  base:gpt2:2:-;
+    this:qwen3-0.6b:8:-  base:qwen3-0.6b:8:-  this:qwen3-0.6b:16:-  base:qwen3-0.6b:16:-;
+    this:gpt2:8:in_out:XSERV_CPU_CONV1D=in_out  this:gpt2:8:pspin20:XSERV_CPU_PREFILL_SPIN_US=20
+    this:gpt2:8:spin200:XSERV_CPU_SPIN_US=200  this:gpt2:8:kc128:XSERV_CPU_GEMM_KC=128
+    this:qwen3-0.6b:8:kc128:XSERV_CPU_GEMM_KC=128  this:qwen3-0.6b:8:pspin20:XSERV_CPU_PREFILL_SPIN_US=20;
+    this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-"
+  ROWS=${AB_ROWS:-$ab_rows} BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase GEMM_THREADS=${GEMM_THREADS:-"1 8"} FMA_CORES=${FMA_CORES:-"8 16"} \
+    GEMM_FILTER=${GEMM_FILTER:-"BM_gemm/(1|3|6|8)/128/0/0|BM_gemm/10/128/1/0"} \
+    PROFILES=${PROFILES:-gpt2:8} MD="$OUT/rows.md" bench/cpu_prefill_probe.sh "$L/ab" >/dev/null 2>"$L/ab_err.log"
+  stamp "measured"
+  tail -5 "$L/ab_err.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
+  exit 0
+fi
 wait "$makers"
 stamp "checkpoints: $(ls "$MODELS" | tr '\n' ' ')"
+if [ "${STAGE:-}" = prefill ]; then
+  BUILD=/tmp/bcpu bench/cpu_prefill_probe.sh "$L/prefill" >/dev/null 2>"$L/prefill_err.log"
+  stamp "prefill probed"
+  { echo; cat "$L/prefill/prefill.md"; tail -5 "$L/prefill_err.log"; } | tee -a "$OUT/summary.md"
+  tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
+  exit 0
+fi
 THREADS="2 8 16" MODEL_NAMES="qwen3-0.6b gpt2 qwen3-1.7b" BUILD=/tmp/bcpu REBUILD=0 \
   VARIANTS="chunks1:XSERV_CPU_CHUNKS=1" VARIANT_MODELS=qwen3-0.6b \
   bench/cpu_compare.sh "$L/cpu_compare_this.md" >/dev/null

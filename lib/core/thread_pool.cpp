@@ -56,7 +56,8 @@ std::size_t ThreadPool::max_threads() noexcept {
   return std::clamp<std::size_t>(4 * hw, 4, kAbsoluteMaxThreads);
 }
 
-ThreadPool::ThreadPool(std::size_t threads, Options options) : options_(options) {
+ThreadPool::ThreadPool(std::size_t threads, Options options)
+    : options_(options), spin_us_(options.spin_us) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   XSERV_CHECK(threads <= max_threads(), ErrorCode::invalid_argument,
               "{} threads asked; at most {} here (4 per hardware thread, never more than {})",
@@ -130,7 +131,7 @@ void ThreadPool::run_chunks() noexcept {
 }
 
 void ThreadPool::wait_for_work() noexcept {
-  if (poll(options_.spin_us, [&] { return claimable() || stop_.load(); })) return;
+  if (poll(spin_us(), [&] { return claimable() || stop_.load(); })) return;
   std::unique_lock lock(sleep_mutex_);
   sleeping_workers_.fetch_add(1);
   work_cv_.wait(lock, [&] { return claimable() || stop_.load(); });
@@ -138,7 +139,7 @@ void ThreadPool::wait_for_work() noexcept {
 }
 
 void ThreadPool::wait_for_done() noexcept {
-  if (poll(options_.spin_us, [&] { return remaining_.load() == 0; })) return;
+  if (poll(spin_us(), [&] { return remaining_.load() == 0; })) return;
   std::unique_lock lock(sleep_mutex_);
   caller_sleeping_.store(true);
   done_cv_.wait(lock, [&] { return remaining_.load() == 0; });

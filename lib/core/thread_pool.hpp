@@ -67,6 +67,11 @@ class ThreadPool {
 
   std::size_t size() const noexcept { return workers_.size() + 1; }
 
+  // How long idle threads poll from now on (Options::spin_us at construction): the CPU backend
+  // polls longer during a prefill, whose loops come back to back but end unevenly.
+  void set_spin_us(std::uint32_t us) noexcept { spin_us_.store(us, std::memory_order_relaxed); }
+  std::uint32_t spin_us() const noexcept { return spin_us_.load(std::memory_order_relaxed); }
+
   // The most threads a pool may have here: 4 x std::thread::hardware_concurrency(), at most
   // kAbsoluteMaxThreads (and at least 4 when the hardware count is unknown).
   static constexpr std::size_t kAbsoluteMaxThreads = 1024;
@@ -88,6 +93,7 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   Options options_;
+  std::atomic<std::uint32_t> spin_us_;
   std::mutex loop_mutex_;  // serialises parallel_for calls
   // The current loop's function and size: written by its caller before it publishes the loop
   // in state_, read by a thread only after it claimed a chunk of that loop (see above).

@@ -181,10 +181,11 @@ void Model::set_limits(const ModelOptions& options) {
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {
-  // Opt-in: on the GPU machine's Xeon the transposed weights decode GPT-2 124M f32 4-16% faster
-  // at 8-16 threads but prefill 16-20% slower at every thread count (docs/cpu.md).
+  // Transposed by default on the CPU backend: on the GPU machine's Xeon (3 runs each, medians)
+  // GPT-2 124M f32 decodes 4-31% faster at 2-16 threads and prefills 2-11% faster
+  // (docs/benchmarks.md, issue 16, sixth session); XSERV_CPU_CONV1D=in_out keeps them as stored.
   const char* v = std::getenv("XSERV_CPU_CONV1D");
-  return backend_.device().kind == DeviceKind::cpu && v && std::string_view(v) == "out_in"
+  return backend_.device().kind == DeviceKind::cpu && !(v && std::string_view(v) == "in_out")
              ? WeightLayout::out_in
              : WeightLayout::in_out;
 }

@@ -109,12 +109,12 @@ class Model {
   // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options, and the
   // tensor-parallel shard_ and communicator from options.communicator.
   void set_limits(const ModelOptions& options);
-  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: as stored,
-  // unless XSERV_CPU_CONV1D=out_in on the CPU backend, where they are then copied once at load,
-  // transposed (transpose_in_out), so each decode GEMV thread streams one contiguous slice of
-  // out_in rows instead of K short strided runs. Measured on the GPU machine's Xeon (GPT-2 124M
-  // f32): decode +4-16% at 8-16 threads, prefill -16-20% (its GEMM packs out_in tiles by a
-  // transpose), so it is not the default.
+  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: on the CPU
+  // backend out_in, copied once at load, transposed (transpose_in_out), so each decode GEMV
+  // thread streams one contiguous slice of out_in rows instead of K short strided runs, and the
+  // prefill GEMM packs tiles from runs of K contiguous weights (GPT-2 124M f32 on the GPU
+  // machine's Xeon: decode +4-31%, prefill +2-11% at 2-16 threads); as stored on other backends
+  // and with XSERV_CPU_CONV1D=in_out.
   WeightLayout conv1d_layout() const noexcept;
   // w [K, N] -> a copy [N, K] in host memory the model keeps (a CPU backend's weight).
   Tensor transpose_in_out(const Tensor& w);

@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 using xserv::cpu::CpuBackend;
@@ -82,6 +83,44 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
               INFO("row " << i << " col " << j << " got " << got[o] << " want " << want[o]);
               REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
             }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu layer_norm_gemm with the GELU fused equals the three ops one by one", "[cpu]") {
+  // The CPU backend applies the GELU inside the GEMM (each output tile as it is finished, or at
+  // the GEMV's store); Backend::layer_norm_gemm runs layer_norm, gemm and gelu separately.
+  std::mt19937 rng(11);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 33, 70}, {4, 256, 67}, {9, 300, 200}, {40, 77, 129}, {130, 260, 300}};
+  for (auto& be : every_backend()) {
+    for (const auto& c : cases) {
+      for (DType wt : kWeightTypes) {
+        for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+          for (bool gelu : {false, true}) {
+            INFO(be->name() << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                            << dtype_name(wt) << " out_in=" << (layout == WeightLayout::out_in)
+                            << " gelu=" << gelu);
+            auto x = random_floats(rng, static_cast<std::size_t>(c.m * c.k), -2.0f, 2.0f);
+            auto g = make_weight(rng, static_cast<std::size_t>(c.k), wt);
+            auto gb = make_weight(rng, static_cast<std::size_t>(c.k), wt);
+            auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+            auto bias = make_weight(rng, static_cast<std::size_t>(c.n), wt);
+            const Shape ws = layout == WeightLayout::out_in ? Shape{c.n, c.k} : Shape{c.k, c.n};
+            std::vector<float> got(static_cast<std::size_t>(c.m * c.n), NAN), want = got;
+            std::vector<float> h(x.size()), h2(x.size());
+            be->layer_norm_gemm(view(got, {c.m, c.n}), view(x, {c.m, c.k}), g.tensor({c.k}),
+                                gb.tensor({c.k}), 1e-5f, w.tensor(ws), layout, bias.tensor({c.n}),
+                                gelu, view(h, {c.m, c.k}));
+            be->Backend::layer_norm_gemm(view(want, {c.m, c.n}), view(x, {c.m, c.k}),
+                                         g.tensor({c.k}), gb.tensor({c.k}), 1e-5f, w.tensor(ws),
+                                         layout, bias.tensor({c.n}), gelu, view(h2, {c.m, c.k}));
+            require_close(got, std::vector<double>(want.begin(), want.end()), 1e-6, 1e-6);
+          }
         }
       }
     }
@@ -580,6 +619,34 @@ TEST_CASE("cpu prefill then decode through qk_transform_store and attention", "[
   first.insert(first.end(), rest.begin(), rest.end());
   REQUIRE(first.size() == whole.size());
   for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(first[i] == Approx(whole[i]).margin(1e-6));
+}
+
+TEST_CASE("cpu backend threads poll longer during a prefill than during decode", "[cpu]") {
+  // XSERV_CPU_SPIN_US / XSERV_CPU_PREFILL_SPIN_US unset: 20 us for decode batches (up to
+  // gemv_max_rows tokens), 200 us for larger ones; loops still run to completion either way.
+  const test::ScopedEnv spin("XSERV_CPU_SPIN_US", nullptr), prefill("XSERV_CPU_PREFILL_SPIN_US", nullptr);
+  CpuBackend be(BackendOptions{3, 0});
+  auto batch = [](std::int32_t tokens) {
+    ForwardBatch b;
+    for (std::int32_t t = 0; t < tokens; ++t) {
+      b.token_ids.push_back(0);
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(t);
+    }
+    b.query_start = {0, tokens};
+    b.context_lens = {tokens};
+    b.block_tables = {0};
+    b.max_blocks_per_seq = 1;
+    return b;
+  };
+  REQUIRE(be.spin_us() == 20);
+  be.upload_batch(batch(cpu::gemv_max_rows + 1));
+  REQUIRE(be.spin_us() == 200);
+  std::vector<float> x(4096, -1.0f);
+  be.gelu(view(x, {4096}));
+  REQUIRE(std::abs(x[4095] - (-0.158808f)) < 1e-5f);
+  be.upload_batch(batch(cpu::gemv_max_rows));
+  REQUIRE(be.spin_us() == 20);
 }
 
 TEST_CASE("cpu upload_batch copies the batch and ForwardBatch::validate checks it", "[cpu]") {

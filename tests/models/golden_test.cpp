@@ -103,11 +103,12 @@ TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golde
                XSERV_TEST_DATA_DIR "/models/shakespeare");
 }
 
-TEST_CASE("GPT-2 with its Conv1D weights transposed at load still matches transformers",
+TEST_CASE("GPT-2 with its Conv1D weights as stored still matches transformers",
           "[models][golden]") {
-  // XSERV_CPU_CONV1D=out_in (Model::conv1d_layout): the CPU backend's out_in GEMV and GEMM
-  // packing read the copies; the tolerance is the golden one.
-  const test::ScopedEnv env("XSERV_CPU_CONV1D", "out_in");
+  // XSERV_CPU_CONV1D=in_out (Model::conv1d_layout; the CPU backend transposes them at load by
+  // default): the in_out GEMV and GEMM packing read the checkpoint's own layout; the tolerance
+  // is the golden one.
+  const test::ScopedEnv env("XSERV_CPU_CONV1D", "in_out");
   const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
   check_golden(d, d);
   check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare",

@@ -3,6 +3,7 @@
 // cpu_sampling.cpp.
 #include "backend/cpu/cpu_backend.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,17 @@ ThreadPool::Options pool_options() {
   return o;
 }
 
+// A prefill's loops come back to back (GEMMs of hundreds of microseconds, then the next op), but
+// their threads finish up to a task apart: with 20 us of polling the early ones went to sleep
+// and every next loop paid for waking them. On the GPU machine's Xeon, 200 us gave GPT-2 124M
+// +5.6% prefill at 8 threads (medians of 3, docs/benchmarks.md); decode keeps the short poll,
+// which a small model on a crowded machine needs (docs/cpu.md).
+std::uint32_t prefill_spin_us(std::uint32_t decode_spin_us) {
+  if (const char* v = std::getenv("XSERV_CPU_PREFILL_SPIN_US"))
+    return static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
+  return std::max<std::uint32_t>(decode_spin_us, 200);
+}
+
 }  // namespace
 
 std::int64_t min_parallel_bytes() {
@@ -49,7 +61,9 @@ CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels
       // Measured (bench/cpu_ops_bench, f32 GPT-2 shapes, M = 128/512): the AVX-512 kernel runs
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
       // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
-      use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512") {
+      use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512"),
+      decode_spin_us_(pool_.spin_us()),
+      prefill_spin_us_(prefill_spin_us(decode_spin_us_)) {
 #ifdef XSERV_HAVE_BLAS
   // OpenBLAS keeps a process-wide pool; match it to ours so the two never oversubscribe.
   if (use_blas_) openblas_set_num_threads(static_cast<int>(pool_.size()));
@@ -107,6 +121,8 @@ MemoryInfo CpuBackend::memory_info() const {
 }
 
 DeviceBatch CpuBackend::upload_batch(const ForwardBatch& b) {
+  pool_.set_spin_us(static_cast<std::int64_t>(b.token_ids.size()) > gemv_max_rows ? prefill_spin_us_
+                                                                                  : decode_spin_us_);
   const std::vector<std::int32_t>* parts[] = {&b.token_ids,    &b.positions,    &b.slot_mapping,
                                               &b.query_start,  &b.context_lens, &b.block_tables,
                                               &b.logit_rows};

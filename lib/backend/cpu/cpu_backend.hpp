@@ -54,6 +54,11 @@ class CpuBackend final : public Backend {
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
                  const DeviceBatch& batch, const KvLayer& cache, float scale) override;
   void gelu(Tensor x) override;
+  // LayerNorm, then the GEMM with the GELU fused into its epilogue (applied to each output tile
+  // while it is in cache, without a parallel loop of its own).
+  void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                       const Tensor& norm_bias, float eps, const Tensor& w, WeightLayout layout,
+                       const Tensor& bias, bool gelu, Tensor h_scratch) override;
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
@@ -61,15 +66,23 @@ class CpuBackend final : public Backend {
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
 
   std::size_t threads() const noexcept { return pool_.size(); }
+  // How long its idle threads poll now (set per forward by upload_batch).
+  std::uint32_t spin_us() const noexcept { return pool_.spin_us(); }
   const KernelTable& kernel_table() const noexcept { return *kernels_; }
 
  private:
+  void gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                 const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu);
   void norm(const char* op, Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
             const Tensor& bias, float eps, bool rms);
 
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
+  // How long idle threads poll: decode_spin_us_ (XSERV_CPU_SPIN_US, 20) for batches of up to
+  // gemv_max_rows tokens, prefill_spin_us_ (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200
+  // and decode's) for larger ones, set by upload_batch at the start of each forward.
+  std::uint32_t decode_spin_us_, prefill_spin_us_;
   // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
   std::vector<std::int32_t> batch_storage_;
 };

@@ -8,8 +8,11 @@
 // packs its own weight tile. f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -25,9 +28,35 @@ namespace {
 // The most weights gemm_parts runs as one loop (q/k/v: 3); more go one gemm each.
 constexpr std::size_t max_gemv_parts = 8;
 
+// 64-byte aligned: the micro-kernel loads each packed panel row as whole 512-bit registers, and
+// malloc's 16-byte alignment (a 128 KB block comes from mmap, 16 bytes past a page) made every
+// one of those loads straddle two cache lines.
 float* gemm_scratch() {
-  thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats));
-  return scratch.data();
+  thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats + 16));
+  const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
+  return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
+}
+
+// Measurement only: XSERV_CPU_GEMM_PREFETCH=l2 prefetches the next weight tile into L2 only,
+// off not at all; default l1, into L1 and L2 (GemmProblem::pack_prefetch).
+int gemm_prefetch() {
+  static const int level = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_PREFETCH");
+    if (!v) return 2;
+    const std::string_view s(v);
+    return s == "l2" ? 1 : s == "off" ? 0 : 2;
+  }();
+  return level;
+}
+
+// Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
+// instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
+std::int64_t gemm_kc() {
+  static const std::int64_t kc = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_KC");
+    return v ? std::clamp<std::int64_t>(std::atoll(v), 0, 256) : 0;
+  }();
+  return kc;
 }
 
 // bias + beta * out into out, the part of the epilogue sgemm cannot do.
@@ -85,6 +114,8 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.beta = beta;
   p.out = out.as<float>();
   p.ldo = ldo;
+  p.kc = gemm_kc();
+  p.pack_prefetch = gemm_prefetch();
   return p;
 }
 
@@ -148,8 +179,22 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
 
 void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                       const Tensor& bias, float beta, std::int64_t out_row_stride) {
+  gemm_impl(out, a, w, layout, bias, beta, out_row_stride, false);
+}
+
+void CpuBackend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
+                                 const Tensor& norm_bias, float eps, const Tensor& w,
+                                 WeightLayout layout, const Tensor& bias, bool gelu,
+                                 Tensor h_scratch) {
+  layer_norm(h_scratch, x, {}, norm_weight, norm_bias, eps);
+  gemm_impl(out, h_scratch, w, layout, bias, 0.0f, 0, gelu);
+}
+
+void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                           const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu) {
   std::optional<F32View> bias_f32;
-  const GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
+  GemmProblem p = make_problem(out, a, w, layout, bias, beta, out_row_stride, bias_f32);
+  p.gelu = gelu;
   const std::int64_t m = p.m, n = p.n;
   if (m == 0 || n == 0) return;
 
@@ -162,6 +207,7 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(p.k), 1.0f, p.a,
                 static_cast<int>(p.k), w.as<const float>(), static_cast<int>(out_in ? p.k : n),
                 plain ? 0.0f : 1.0f, p.out, static_cast<int>(p.ldo));
+    if (gelu) this->gelu(out);  // only layer_norm_gemm sets it, with a contiguous out
     return;
   }
 #endif
@@ -172,7 +218,20 @@ void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout
     run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
     return;
   }
-  const GemmSplit split = split_gemm(m, n, threads);
+  GemmSplit split = split_gemm(m, n, threads);
+  // Measurement only: XSERV_CPU_GEMM_TILE=W[xR] forces the prefill tile width (a multiple of 32,
+  // at most 128) and row blocks, to compare splits on a given machine (docs/cpu.md).
+  static const GemmSplit forced = [] {
+    GemmSplit f{0, 0};
+    if (const char* v = std::getenv("XSERV_CPU_GEMM_TILE")) {
+      char* end = nullptr;
+      f.tile_n = std::strtoll(v, &end, 10);
+      f.row_blocks = end && *end == 'x' ? std::strtoll(end + 1, nullptr, 10) : 1;
+      if (f.tile_n < 32 || f.tile_n > 128 || f.tile_n % 32 || f.row_blocks < 1) f = {0, 0};
+    }
+    return f;
+  }();
+  if (forced.tile_n) split = forced;
   const std::int64_t tile_n = split.tile_n, row_blocks = split.row_blocks;
   const std::int64_t col_tiles = (n + tile_n - 1) / tile_n;
   const std::int64_t tasks = col_tiles * row_blocks;

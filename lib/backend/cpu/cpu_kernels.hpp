@@ -26,6 +26,11 @@ struct GemmProblem {
   float beta = 0.0f;
   float* out = nullptr;  // rows ldo apart
   std::int64_t ldo = 0;
+  bool gelu = false;     // then out = gelu_tanh(out) (GPT-2's MLP up projection, fused)
+  std::int64_t kc = 0;   // packed weight tile depth, 0: the kernel's own (XSERV_CPU_GEMM_KC)
+  // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
+  // 1 L2 only, 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off; measurement).
+  int pack_prefetch = 2;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
@@ -49,7 +54,8 @@ struct AttentionTask {
   float scale = 1.0f;
 };
 
-// Scratch (floats, per calling thread) the kernels need.
+// Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
+// packed panels are read a whole 512-bit register at a time).
 inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
   return static_cast<std::int64_t>(t.group) * t.kv_heads * (t.head_dim + t.block_size + 2);

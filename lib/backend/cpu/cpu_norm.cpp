@@ -7,6 +7,41 @@
 #include "backend/cpu/tensor_checks.hpp"
 
 namespace xserv::cpu {
+namespace {
+
+// Sums in double over 8 interleaved partial sums: one running sum is a chain of dependent adds
+// (4 cycles each, not vectorised without reassociation), which made a 768-wide LayerNorm row
+// cost ~3 us and GPT-2's prefill norms scale worse than its GEMMs (docs/benchmarks.md).
+constexpr int kLanes = 8;
+double sum(const float* x, std::int64_t n) {
+  double s[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[l] += static_cast<double>(x[i + l]);
+  double t = 0.0;
+  for (int l = 0; l < kLanes; ++l) t += s[l];
+  for (; i < n; ++i) t += x[i];
+  return t;
+}
+// sum((x - c)^2)
+double sum_sq(const float* x, std::int64_t n, double c) {
+  double s[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double v = static_cast<double>(x[i + l]) - c;
+      s[l] += v * v;
+    }
+  double t = 0.0;
+  for (int l = 0; l < kLanes; ++l) t += s[l];
+  for (; i < n; ++i) {
+    const double v = static_cast<double>(x[i]) - c;
+    t += v * v;
+  }
+  return t;
+}
+
+}  // namespace
 
 void CpuBackend::norm(const char* op, Tensor out, const Tensor& x, Tensor residual,
                       const Tensor& weight, const Tensor& bias, float eps, bool rms) {
@@ -40,24 +75,20 @@ void CpuBackend::norm(const char* op, Tensor out, const Tensor& x, Tensor residu
         src = res;
       }
       float* o = out.as<float>() + off;
+      const float* wv = w.get();
       if (rms) {
-        double ss = 0.0;
-        for (std::int64_t i = 0; i < d; ++i) ss += static_cast<double>(src[i]) * src[i];
+        const double ss = sum_sq(src, d, 0.0);
         const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(d)) + eps);
-        for (std::int64_t i = 0; i < d; ++i) o[i] = w.get()[i] * (src[i] * inv);
+        for (std::int64_t i = 0; i < d; ++i) o[i] = wv[i] * (src[i] * inv);
       } else {
-        double sum = 0.0;
-        for (std::int64_t i = 0; i < d; ++i) sum += src[i];
-        const double mean = sum / static_cast<double>(d);
-        double var = 0.0;
-        for (std::int64_t i = 0; i < d; ++i) {
-          const double c = src[i] - mean;
-          var += c * c;
-        }
+        const double mean = sum(src, d) / static_cast<double>(d);
+        const double var = sum_sq(src, d, mean);
         const auto meanf = static_cast<float>(mean);
         const float inv = 1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(d)) + eps);
-        for (std::int64_t i = 0; i < d; ++i)
-          o[i] = (src[i] - meanf) * inv * w.get()[i] + (b.get() ? b.get()[i] : 0.0f);
+        if (const float* bv = b.get())
+          for (std::int64_t i = 0; i < d; ++i) o[i] = (src[i] - meanf) * inv * wv[i] + bv[i];
+        else
+          for (std::int64_t i = 0; i < d; ++i) o[i] = (src[i] - meanf) * inv * wv[i];
       }
     }
   }, 4);
