@@ -101,6 +101,17 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   return warp_max(x);
 }
 
+// 16 bytes of a weight that is read once per kernel (decode GEMV/GEMM streams): non-coherent and
+// kept out of L1 so the activations stay there. Volatile so a kernel's loads for its next step
+// stay ahead of the arithmetic on the current one.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // ---- Asynchronous copies global -> shared (cp.async, sm_80+) ---------------------------------
 // 16 bytes from gmem to smem without passing through registers; commit groups them, wait<N>
 // returns once at most N of the committed groups are still in flight. The zero-filling form

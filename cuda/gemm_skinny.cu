@@ -33,6 +33,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/mma.cuh"
 
 namespace xserv::cuda {
 namespace {
@@ -53,35 +54,8 @@ struct SkinnyParams {
   int m, n, k;
 };
 
-// Weight bytes are read once: keep them out of L1 so the activations stay there.
-// Volatile so the compiler keeps the next step's loads ahead of this step's products.
-__device__ __forceinline__ uint4 load_weight(const bf16* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// c += A (16 x 16, row-major fragment a0..a3) . B (16 x 8, column fragment b0, b1), f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
-                                         unsigned a3, unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-template <typename OutT>
-__device__ __forceinline__ void finish(const SkinnyParams& p, int m, int col, float v) {
-  OutT* o = static_cast<OutT*>(p.out) + static_cast<std::int64_t>(m) * p.ldo + col;
-  if (p.bias) v += to_f32(p.bias[col]);
-  if (p.beta != 0.0f) v += p.beta * to_f32(*o);
-  *o = from_f32<OutT>(v);
 }
 
 // Launch: grid (N / 32), warps * 32 threads, warps * MT * 8 * smem_stride floats of shared memory.
@@ -114,7 +88,7 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + s * k_step + c * 32);
+      for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wp + r * row8 + s * k_step + c * 32);
   }
   grid_dependency_wait();  // the activations come from the kernel before this one
   for (; s < steps; s += warps) {
@@ -127,7 +101,7 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) w_next[r][c] = load_weight(wp + r * row8 + (s + warps) * k_step + c * 32);
+        for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wp + r * row8 + (s + warps) * k_step + c * 32);
     }
     uint4 av[MT][2];
 #pragma unroll
@@ -145,8 +119,11 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
           const unsigned b0 = word(av[t][c], 2 * h), b1 = word(av[t][c], 2 * h + 1);
 #pragma unroll
           for (int tile = 0; tile < 2; ++tile)
-            mma_bf16(acc[tile][t], word(wv[2 * tile][c], 2 * h), word(wv[2 * tile + 1][c], 2 * h),
-                     word(wv[2 * tile][c], 2 * h + 1), word(wv[2 * tile + 1][c], 2 * h + 1), b0, b1);
+          {
+            const unsigned a[4] = {word(wv[2 * tile][c], 2 * h), word(wv[2 * tile + 1][c], 2 * h),
+                                   word(wv[2 * tile][c], 2 * h + 1), word(wv[2 * tile + 1][c], 2 * h + 1)};
+            mma_bf16(acc[tile][t], a, b0, b1);
+          }
         }
   }
 

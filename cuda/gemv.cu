@@ -30,14 +30,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr int warps = 8;
 
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 template <typename T>
 constexpr int vec_of = 16 / static_cast<int>(sizeof(T));
 
