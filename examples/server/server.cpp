@@ -271,7 +271,11 @@ class Server {
       std::fprintf(stderr, "xserv-server: cannot widen the listen backlog: %s\n", std::strerror(errno));
     std::fprintf(stderr, "xserv-server: listening on http://%s:%d (loading %s)\n", o_.host.c_str(),
                  port, o_.model_dir.c_str());
-    std::thread listener([this] { http_.listen_after_bind(); });
+    std::atomic<bool> listener_done{false};
+    std::thread listener([this, &listener_done] {
+      http_.listen_after_bind();
+      listener_done.store(true);
+    });
     const int status = load() ? 0 : 1;
     if (status == 0) {
       std::fprintf(stderr, "xserv-server: ready: %s as '%s'\n", model_->desc().c_str(),
@@ -281,6 +285,9 @@ class Server {
     // Handlers still waiting for events cancel their requests (they look at this flag at least
     // once a second), so the HTTP pool's shutdown does not wait for long generations.
     shutting_down_.store(true);
+    // cpp-httplib's stop() does nothing until the accept loop has started (is_running()), and
+    // that loop would then never end: a model refused at once (--tp 3) could get here first.
+    while (!http_.is_running() && !listener_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     http_.stop();
     listener.join();
     stop_engine();
