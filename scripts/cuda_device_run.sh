@@ -57,6 +57,10 @@
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
+#   scripts/cuda_device_run.sh gpt2prof GPT-2 124M f32: its op and model tests, memcheck over the
+#                                       LayerNorm GEMV and transpose, batch-1 decode and prefill 512
+#                                       with the Conv1D weights as stored (before) and transposed
+#                                       (after), the kernels of one decode step of each (ncu)
 # Builds here with Ninja (about 35 s on the 16 cores), then runs. On a machine still warm from
 # someone else's run, /tmp/b holds their build: sources unpacked from an archive keep their
 # older modification times and Ninja rebuilds nothing. Start from an empty /tmp/b then (or
@@ -385,6 +389,26 @@ elif [ "$stage" = dattn ]; then
     } 2>&1 | tee "$OUT/ncu_attn.txt"
     tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
   fi
+elif [ "$stage" = gpt2prof ]; then
+  # Issue 12: GPT-2's batch-1 decode and 512-token prefill with its Conv1D weights as stored
+  # (before: XSERV_CUDA_CONV1D=in_out) and transposed at load (after, the default); the kernels
+  # of one graph-replayed decode step of each (ncu). GPT2_TESTS: the tests run first.
+  timeout 200 "$bin/xserv_tests" "${GPT2_TESTS:-cuda layer_norm_gemm*,cuda transpose*,cuda gemm*,cuda: tiny*,cuda: decode steps*}" \
+    --durations yes >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -20
+  sanitize "cuda layer_norm_gemm*,cuda transpose*" sanitizer.txt
+  mkdir -p /tmp/ncu
+  {
+    for side in before:XSERV_CUDA_CONV1D=in_out after:XSERV_CUDA_NOTHING=1 before:XSERV_CUDA_CONV1D=in_out after:XSERV_CUDA_NOTHING=1; do
+      for args in "--prompt-len 128 --gen-len 128 --batch 1 --repeat 3" "--prompt-len 512 --gen-len 2 --batch 1 --repeat 5"; do
+        printf -- "-- gpt2 %s %s: " "${side%%:*}" "$args"
+        env ${side#*:} timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/gpt2.json --device cuda $args 2>&1 | grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
+      done
+    done
+    ncu_step bench/configs/gpt2.json 1 ncu_gpt2_b1_before XSERV_CUDA_CONV1D=in_out
+    ncu_step bench/configs/gpt2.json 1 ncu_gpt2_b1
+  } 2>&1 | tee "$OUT/gpt2prof.txt"
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = profile ]; then
   run_cuda_tests 100
   mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)
