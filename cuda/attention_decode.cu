@@ -207,6 +207,35 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
       }
     }
   }
+  if (p.num_splits == 1 || p.tickets == nullptr) return;  // no tickets: attention_merge_kernel
+
+  // The last block of this (row, kv head) to finish merges the splits, in split order
+  // (deterministic), instead of a merge kernel after this one (launch_rows says when).
+  __shared__ bool s_last;
+  __threadfence();  // this block's partials visible device-wide before its ticket says so
+  __syncthreads();
+  unsigned* ticket = p.tickets + static_cast<std::int64_t>(row) * p.n_kv_heads + kvh;
+  if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(p.num_splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < group * dim; i += threads) {
+    const int g = i / dim, d = i % dim, h = kvh * group + g;
+    const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits;
+    const float* ml = p.partial_ml + first * 2;  // (max, sum) pairs
+    float mx = -CUDART_INF_F;
+    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(&ml[sp * 2]));
+    float sum = 0.0f, val = 0.0f;
+    for (int sp = 0; sp < p.num_splits; ++sp) {
+      const float ms = __ldcg(&ml[sp * 2]);  // -inf: a split past this row's keys
+      const float a = ms == -CUDART_INF_F ? 0.0f : expf(ms - mx);
+      sum += __ldcg(&ml[sp * 2 + 1]) * a;
+      val += __ldcg(&p.partial_out[(first + sp) * dim + d]) * a;
+    }
+    T* out = static_cast<T*>(p.out) + row * out_stride + h * dim;
+    out[d] = from_f32<T>(sum > 0.0f ? val / sum : 0.0f);
+  }
+  if (threadIdx.x == 0) *ticket = 0;  // ready for the next launch (graph replays too)
 }
 
 // ---- bf16 rows, head_dim 64 or 128: K/V tiles staged in shared memory --------------------
@@ -795,11 +824,25 @@ __global__ void __launch_bounds__(merge_threads) attention_merge_kernel(const At
   }
 }
 
+// The register kernel merges its splits in its last block (one kernel fewer a layer: GPT-2 f32
+// decode, ~3.7 us a layer) when there are tickets and at most rows_merge_splits splits (each
+// thread of that block walks every split of its outputs); otherwise, or with
+// XSERV_CUDA_ATTN_MERGE_KERNEL=1 (read at every call), attention_merge_kernel follows it.
+constexpr int rows_merge_splits = 64;
+
+bool rows_merge_kernel() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_MERGE_KERNEL");
+  return env != nullptr && std::string_view(env) == "1";
+}
+
 template <typename T, int D, int G>
 void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, p);
-  if (p.num_splits > 1)
+  AttentionParams rp = p;
+  const bool in_kernel = p.tickets != nullptr && p.num_splits <= rows_merge_splits && !rows_merge_kernel();
+  if (!in_kernel) rp.tickets = nullptr;
+  launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, rp);
+  if (p.num_splits > 1 && !in_kernel)
     launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0,
                stream, p);
 }

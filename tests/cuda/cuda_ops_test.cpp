@@ -724,6 +724,20 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
       }
     }
   }
+  // f32 (GPT-2) and bf16 head dims other than 64 and 128 take the register kernel: its splits
+  // merged by its last block (default) and by the merge kernel after it.
+  for (const char* merge_kernel : {"0", "1"}) {
+    const ScopedEnv env_merge("XSERV_CUDA_ATTN_MERGE_KERNEL", merge_kernel);
+    for (const auto& c : cases) {
+      if (c.seqs == &one_long) continue;
+      INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " f32 heads " << c.geom.n_q_heads << "/"
+                                           << c.geom.n_kv_heads << " d " << c.geom.head_dim << " rows "
+                                           << c.seqs->size());
+      run_attention_case(be, rng, DType::f32, {c.geom, true, true, *c.seqs}, 16, false, true);
+    }
+    INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " bf16 head_dim 96");
+    run_attention_case(be, rng, DType::bf16, {{12, 4, 96}, true, true, edges}, 5, false, true);
+  }
 }
 
 TEST_CASE("cuda import_weight: chunked staging, f16 becomes bf16", "[cuda]") {
