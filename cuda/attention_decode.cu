@@ -108,6 +108,18 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
+  const int own = n_keys - 1;  // decode: the row's own key, this step's k and v
+  if (p.store_kv && own >= k_begin && own < k_end) {
+    const std::int64_t slot = static_cast<std::int64_t>(table[own / p.block_size]) * p.block_size + own % p.block_size;
+    const std::int64_t base = (slot * p.n_kv_heads + kvh) * dim;
+    const T* k_new = q_row + static_cast<std::int64_t>(p.n_q_heads + kvh) * dim;  // q, k, v heads
+    const T* v_new = q_row + static_cast<std::int64_t>(p.n_q_heads + p.n_kv_heads + kvh) * dim;
+    for (int i = threadIdx.x; i < dim; i += threads) {
+      static_cast<T*>(const_cast<void*>(p.k_cache))[base + i] = k_new[i];
+      static_cast<T*>(const_cast<void*>(p.v_cache))[base + i] = v_new[i];
+    }
+    __syncthreads();  // the block's own writes, visible to its reads below
+  }
   // The loop bound is the same for the whole warp (shuffles need every lane); lanes past the
   // end compute on zeros and skip the update. Two keys per lane group and iteration: both keys'
   // block-table reads and K/V loads are issued before either is used, halving the dependent
@@ -1027,6 +1039,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   if (s.num_splits <= max_splits) return s;
   return sized(context_bucket, max_splits, unit);  // the merge's limit (bucket 64k and up)
 }
+
+bool attention_rows_store_kv(DType dt, std::int32_t head_dim) noexcept { return !use_tiles(dt, head_dim); }
 
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0) return;

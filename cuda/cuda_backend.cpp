@@ -239,6 +239,9 @@ class CudaBackend final : public Backend {
   std::int32_t fused_attention_keys_ = 0;
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
+  // XSERV_CUDA_ATTN_STORE_KV=0: GPT-2 decode writes k/v with qk_transform_store before the
+  // attention instead of inside it (for comparisons).
+  bool fuse_store_kv_ = true;
   // XSERV_CUDA_ADJACENT_WEIGHTS=0 ignores reserve_adjacent_weights (for comparisons: a stacked
   // pair may then straddle two weight chunks and run as separate GEMVs).
   bool adjacent_weights_ = true;
@@ -264,6 +267,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
 }
 
@@ -768,6 +772,18 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     if (p.attn.num_tokens == 0) return;
     set_attention_splits(p.attn, qkv.dtype, batch);
     launch_qk_attention_mma(stream_, p);
+    return;
+  }
+  // Decode without a q/k transform (GPT-2) on the register kernel (f32): the attention kernel
+  // writes the step's k and v into the cache itself, one kernel fewer a layer.
+  if (batch.max_query_len == 1 && t.q_norm.empty() && t.k_norm.empty() && !t.rope &&
+      fuse_store_kv_ && attention_rows_store_kv(qkv.dtype, heads.head_dim) &&
+      attention_rows_supported(heads.head_dim, group) && group > 0 && heads.n_q_heads % heads.n_kv_heads == 0) {
+    AttentionParams p = attention_params(out, qkv, heads, batch, cache, scale);
+    if (p.num_tokens == 0) return;
+    set_attention_splits(p, qkv.dtype, batch);
+    p.store_kv = true;
+    launch_attention_rows(stream_, qkv.dtype, p);
     return;
   }
   qk_transform_store(qkv, heads, t, batch, cache);

@@ -170,9 +170,16 @@ struct AttentionParams {
   // their finished splits here and the last one merges them (and resets its counter). Without
   // them, split launches take the tile kernel and a merge kernel instead.
   unsigned* tickets = nullptr;
+  // Decode rows (query length 1) on the register kernel (attention_rows_store_kv): the block whose
+  // split holds a row's own key first copies the row's k and v from qkv, as they are (no norm, no
+  // RoPE: GPT-2), into the cache, in place of a qk_transform_store kernel before it.
+  bool store_kv = false;
 };
 // One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
+// Whether launch_attention_rows runs the register kernel for this dtype and head_dim (f32, and
+// bf16 head dims other than 64 and 128), the one that honours AttentionParams::store_kv.
+bool attention_rows_store_kv(DType dt, std::int32_t head_dim) noexcept;
 // How launch_attention_rows splits each row's keys: num_splits blocks of split_size keys, for
 // rows_x_kv_heads = rows * n_kv_heads and contexts up to context_bucket keys (the split depends
 // on the bucket only, so a recorded graph stays valid while contexts grow within it).

@@ -734,6 +734,8 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
                                            << c.geom.n_kv_heads << " d " << c.geom.head_dim << " rows "
                                            << c.seqs->size());
       run_attention_case(be, rng, DType::f32, {c.geom, true, true, *c.seqs}, 16, false, true);
+      // GPT-2's qk_attention (no norm, no RoPE): decode rows write k/v inside the attention.
+      run_attention_case(be, rng, DType::f32, {c.geom, false, false, *c.seqs}, 5, true, false);
     }
     INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " bf16 head_dim 96");
     run_attention_case(be, rng, DType::bf16, {{12, 4, 96}, true, true, edges}, 5, false, true);
