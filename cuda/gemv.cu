@@ -125,6 +125,40 @@ __device__ __forceinline__ void block_sums(float (&v)[M], float (&s_sum)[warps][
   __syncthreads();
 }
 
+// The RMSNorm prologue of gemv_out_in_kernel: rows [M, k] of p.a normalised into s_act in T,
+// x * rstd rounded to T before the weight (as HF and the norm kernel).
+template <typename T, int M>
+__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M]) {
+  constexpr int V = vec_of<T>;
+  const int k = p.k;
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ss[m] = 0.0f;
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) ss[m] += x[v] * x[v];
+    }
+  }
+  block_sums<M>(ss, s_sum);
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+    float g[V];
+    unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float rstd = rsqrtf(ss[m] / static_cast<float>(k) + p.eps);
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) x[v] = to_f32(from_f32<T>(x[v] * rstd)) * g[v];
+      *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
+    }
+  }
+}
+
 // The LayerNorm prologue of gemv_out_in_kernel (layer_norm): rows [M, k] of p.a normalised into
 // s_act in T.
 template <typename T, int M>
@@ -217,48 +251,8 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   const T* act = p.a;
   if constexpr (Norm) {
     T* s_act = reinterpret_cast<T*>(s_dyn);
-    if (p.layer_norm) {
-      layer_norm_prologue<T, M>(s_act, p, s_sum);
-    } else {
-    float ss[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) ss[m] = 0.0f;
-    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[V];
-        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
-#pragma unroll
-        for (int v = 0; v < V; ++v) ss[m] += x[v] * x[v];
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) ss[m] = warp_sum(ss[m]);
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; ++m) s_sum[warp][m] = ss[m];
-    __syncthreads();
-    float rstd[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float t = 0.0f;
-#pragma unroll
-      for (int w8 = 0; w8 < warps; ++w8) t += s_sum[w8][m];
-      rstd[m] = rsqrtf(t / static_cast<float>(k) + p.eps);
-    }
-    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
-      float g[V];
-      unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[V];
-        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
-#pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = to_f32(from_f32<T>(x[v] * rstd[m])) * g[v];
-        *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
-      }
-    }
-    }
+    if (p.layer_norm) layer_norm_prologue<T, M>(s_act, p, s_sum);
+    else rms_norm_prologue<T, M>(s_act, p, s_sum);
     __syncthreads();
     act = s_act;
   }
