@@ -57,6 +57,9 @@ class TimedBackend final : public Backend {
   }
   void fill_zero(Tensor dst) override { time("fill_zero", [&] { inner_->fill_zero(dst); }); }
   void copy(Tensor dst, const Tensor& src) override { time("copy", [&] { inner_->copy(dst, src); }); }
+  void transpose(Tensor dst, const Tensor& src) override {
+    time("transpose", [&] { inner_->transpose(dst, src); });
+  }
   MemoryInfo memory_info() const override { return inner_->memory_info(); }
   DeviceBatch upload_batch(const ForwardBatch& batch) override {
     DeviceBatch b;

@@ -189,6 +189,37 @@ void launch_convert(cudaStream_t stream, DType from, DType to, const void* src, 
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// 32 x 32 tiles through shared memory (one column of padding against bank conflicts), so both
+// the reads of src rows and the writes of dst rows are coalesced.
+template <typename T>
+__global__ void transpose_kernel(const T* __restrict__ src, T* __restrict__ dst, std::int64_t k,
+                                 std::int64_t n) {
+  __shared__ T tile[32][33];
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 32, k0 = static_cast<std::int64_t>(blockIdx.y) * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const std::int64_t i = k0 + r, j = n0 + threadIdx.x;
+    if (i < k && j < n) tile[r][threadIdx.x] = src[i * n + j];
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const std::int64_t j = n0 + r, i = k0 + threadIdx.x;
+    if (i < k && j < n) dst[j * k + i] = tile[threadIdx.x][r];
+  }
+}
+}  // namespace
+
+void launch_transpose(cudaStream_t stream, std::size_t elem_bytes, const void* src, void* dst,
+                      std::int64_t k, std::int64_t n) {
+  if (k == 0 || n == 0) return;
+  const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>((k + 31) / 32)), block(32, 8);
+  if (elem_bytes == 4)
+    transpose_kernel<<<grid, block, 0, stream>>>(static_cast<const std::uint32_t*>(src), static_cast<std::uint32_t*>(dst), k, n);
+  else
+    transpose_kernel<<<grid, block, 0, stream>>>(static_cast<const std::uint16_t*>(src), static_cast<std::uint16_t*>(dst), k, n);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
 void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
                         std::uint64_t seed, float scale, float offset) {
   if (n == 0) return;

@@ -108,6 +108,18 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
+  const int own = n_keys - 1;  // decode: the row's own key, this step's k and v
+  if (p.store_kv && own >= k_begin && own < k_end) {
+    const std::int64_t slot = static_cast<std::int64_t>(table[own / p.block_size]) * p.block_size + own % p.block_size;
+    const std::int64_t base = (slot * p.n_kv_heads + kvh) * dim;
+    const T* k_new = q_row + static_cast<std::int64_t>(p.n_q_heads + kvh) * dim;  // q, k, v heads
+    const T* v_new = q_row + static_cast<std::int64_t>(p.n_q_heads + p.n_kv_heads + kvh) * dim;
+    for (int i = threadIdx.x; i < dim; i += threads) {
+      static_cast<T*>(const_cast<void*>(p.k_cache))[base + i] = k_new[i];
+      static_cast<T*>(const_cast<void*>(p.v_cache))[base + i] = v_new[i];
+    }
+    __syncthreads();  // the block's own writes, visible to its reads below
+  }
   // The loop bound is the same for the whole warp (shuffles need every lane); lanes past the
   // end compute on zeros and skip the update. Two keys per lane group and iteration: both keys'
   // block-table reads and K/V loads are issued before either is used, halving the dependent
@@ -207,6 +219,35 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
       }
     }
   }
+  if (p.num_splits == 1 || p.tickets == nullptr) return;  // no tickets: attention_merge_kernel
+
+  // The last block of this (row, kv head) to finish merges the splits, in split order
+  // (deterministic), instead of a merge kernel after this one (launch_rows says when).
+  __shared__ bool s_last;
+  __threadfence();  // this block's partials visible device-wide before its ticket says so
+  __syncthreads();
+  unsigned* ticket = p.tickets + static_cast<std::int64_t>(row) * p.n_kv_heads + kvh;
+  if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == static_cast<unsigned>(p.num_splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < group * dim; i += threads) {
+    const int g = i / dim, d = i % dim, h = kvh * group + g;
+    const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * p.num_splits;
+    const float* ml = p.partial_ml + first * 2;  // (max, sum) pairs
+    float mx = -CUDART_INF_F;
+    for (int sp = 0; sp < p.num_splits; ++sp) mx = fmaxf(mx, __ldcg(&ml[sp * 2]));
+    float sum = 0.0f, val = 0.0f;
+    for (int sp = 0; sp < p.num_splits; ++sp) {
+      const float ms = __ldcg(&ml[sp * 2]);  // -inf: a split past this row's keys
+      const float a = ms == -CUDART_INF_F ? 0.0f : expf(ms - mx);
+      sum += __ldcg(&ml[sp * 2 + 1]) * a;
+      val += __ldcg(&p.partial_out[(first + sp) * dim + d]) * a;
+    }
+    T* out = static_cast<T*>(p.out) + row * out_stride + h * dim;
+    out[d] = from_f32<T>(sum > 0.0f ? val / sum : 0.0f);
+  }
+  if (threadIdx.x == 0) *ticket = 0;  // ready for the next launch (graph replays too)
 }
 
 // ---- bf16 rows, head_dim 64 or 128: K/V tiles staged in shared memory --------------------
@@ -795,11 +836,25 @@ __global__ void __launch_bounds__(merge_threads) attention_merge_kernel(const At
   }
 }
 
+// The register kernel merges its splits in its last block (one kernel fewer a layer: GPT-2 f32
+// decode, ~3.7 us a layer) when there are tickets and at most rows_merge_splits splits (each
+// thread of that block walks every split of its outputs); otherwise, or with
+// XSERV_CUDA_ATTN_MERGE_KERNEL=1 (read at every call), attention_merge_kernel follows it.
+constexpr int rows_merge_splits = 64;
+
+bool rows_merge_kernel() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_MERGE_KERNEL");
+  return env != nullptr && std::string_view(env) == "1";
+}
+
 template <typename T, int D, int G>
 void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, p);
-  if (p.num_splits > 1)
+  AttentionParams rp = p;
+  const bool in_kernel = p.tickets != nullptr && p.num_splits <= rows_merge_splits && !rows_merge_kernel();
+  if (!in_kernel) rp.tickets = nullptr;
+  launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, rp);
+  if (p.num_splits > 1 && !in_kernel)
     launch_pdl(attention_merge_kernel<T>, dim3(p.num_tokens, p.n_q_heads), dim3(merge_threads), 0,
                stream, p);
 }
@@ -984,6 +1039,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   if (s.num_splits <= max_splits) return s;
   return sized(context_bucket, max_splits, unit);  // the merge's limit (bucket 64k and up)
 }
+
+bool attention_rows_store_kv(DType dt, std::int32_t head_dim) noexcept { return !use_tiles(dt, head_dim); }
 
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0) return;

@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(Tensor dst) override;
   void copy(Tensor dst, const Tensor& src) override;
+  void transpose(Tensor dst, const Tensor& src) override;
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
   void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -238,6 +239,9 @@ class CudaBackend final : public Backend {
   std::int32_t fused_attention_keys_ = 0;
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
+  // XSERV_CUDA_ATTN_STORE_KV=0: GPT-2 decode writes k/v with qk_transform_store before the
+  // attention instead of inside it (for comparisons).
+  bool fuse_store_kv_ = true;
   // XSERV_CUDA_ADJACENT_WEIGHTS=0 ignores reserve_adjacent_weights (for comparisons: a stacked
   // pair may then straddle two weight chunks and run as separate GEMVs).
   bool adjacent_weights_ = true;
@@ -263,6 +267,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
 }
 
@@ -392,6 +397,14 @@ void CudaBackend::copy(Tensor dst, const Tensor& src) {
               "copy: {} bytes into {} bytes", src.bytes(), dst.bytes());
   if (dst.bytes() > 0 && dst.data != src.data)
     XSERV_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::transpose(Tensor dst, const Tensor& src) {
+  XSERV_CHECK(src.shape.rank() == 2 && dst.shape == Shape({src.shape[1], src.shape[0]}) &&
+                  dst.dtype == src.dtype && (dtype_size(src.dtype) == 2 || dtype_size(src.dtype) == 4),
+              ErrorCode::invalid_argument, "transpose: {} {} into {} {}", dtype_name(src.dtype),
+              src.shape, dtype_name(dst.dtype), dst.shape);
+  launch_transpose(stream_, dtype_size(src.dtype), src.data, dst.data, src.shape[0], src.shape[1]);
 }
 
 MemoryInfo CudaBackend::memory_info() const {
@@ -567,27 +580,26 @@ void CudaBackend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& nor
                                   WeightLayout layout, const Tensor& bias, bool gelu,
                                   Tensor h_scratch) {
   const DType dt = x.dtype;
+  const bool in_out = layout == WeightLayout::in_out;
+  const std::int64_t m = x.shape.rank() == 2 ? x.shape[0] : 0, k = x.shape.back();
+  const std::int64_t n = w.shape.rank() == 2 ? w.shape[in_out ? 1 : 0] : 0;
   const bool shapes_ok = x.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2 &&
-                         layout == WeightLayout::in_out && w.shape[0] == x.shape[1] &&
-                         norm_weight.numel() == x.shape[1] &&
-                         (norm_bias.empty() || norm_bias.numel() == x.shape[1]) &&
-                         out.shape[0] == x.shape[0] && out.shape[1] == w.shape[1] &&
-                         (bias.empty() || bias.numel() == w.shape[1]);
+                         w.shape[in_out ? 0 : 1] == k && norm_weight.numel() == k &&
+                         (norm_bias.empty() || norm_bias.numel() == k) &&
+                         out.shape[0] == m && out.shape[1] == n && (bias.empty() || bias.numel() == n);
   const bool dtypes_ok = is_act(dt) && w.dtype == dt && norm_weight.dtype == dt && out.dtype == dt &&
                          (norm_bias.empty() || norm_bias.dtype == dt) && (bias.empty() || bias.dtype == dt);
-  const std::int64_t m = x.shape.rank() == 2 ? x.shape[0] : 0, k = x.shape.back();
-  const std::int64_t n = w.shape.rank() == 2 ? w.shape[1] : 0;
+  const LayerNormGemvArgs args{out.data, x.data, norm_weight.data,
+                               norm_bias.empty() ? nullptr : norm_bias.data, eps, w.data,
+                               bias.empty() ? nullptr : bias.data, gelu, m, n, k, in_out};
   // Decode-sized GPT-2 blocks: one kernel (LayerNorm prologue, GELU epilogue).
-  if (shapes_ok && dtypes_ok && use_gemv_ && fuse_layer_norm_ && layer_norm_gemv_supported(dt, m, n, k, x.data, w.data)) {
-    ensure_gemv_scratch(dt, true, m, n, k);
-    const LayerNormGemvArgs args{out.data, x.data, norm_weight.data,
-                                 norm_bias.empty() ? nullptr : norm_bias.data, eps, w.data,
-                                 bias.empty() ? nullptr : bias.data, gelu, m, n, k};
+  if (shapes_ok && dtypes_ok && use_gemv_ && fuse_layer_norm_ && layer_norm_gemv_supported(dt, args)) {
+    if (in_out) ensure_gemv_scratch(dt, true, m, n, k);
     launch_layer_norm_gemv(stream_, dt, args, sm_count_, static_cast<float*>(gemv_partial_.data()),
                            static_cast<unsigned*>(gemv_tickets_.data()));
     return;
   }
-  // Larger batches, other layouts, and bad shapes or dtypes, which the separate ops reject.
+  // Larger batches and bad shapes or dtypes, which the separate ops reject.
   Backend::layer_norm_gemm(out, x, norm_weight, norm_bias, eps, w, layout, bias, gelu, h_scratch);
 }
 
@@ -760,6 +772,18 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     if (p.attn.num_tokens == 0) return;
     set_attention_splits(p.attn, qkv.dtype, batch);
     launch_qk_attention_mma(stream_, p);
+    return;
+  }
+  // Decode without a q/k transform (GPT-2) on the register kernel (f32): the attention kernel
+  // writes the step's k and v into the cache itself, one kernel fewer a layer.
+  if (batch.max_query_len == 1 && t.q_norm.empty() && t.k_norm.empty() && !t.rope &&
+      fuse_store_kv_ && attention_rows_store_kv(qkv.dtype, heads.head_dim) &&
+      attention_rows_supported(heads.head_dim, group) && group > 0 && heads.n_q_heads % heads.n_kv_heads == 0) {
+    AttentionParams p = attention_params(out, qkv, heads, batch, cache, scale);
+    if (p.num_tokens == 0) return;
+    set_attention_splits(p, qkv.dtype, batch);
+    p.store_kv = true;
+    launch_attention_rows(stream_, qkv.dtype, p);
     return;
   }
   qk_transform_store(qkv, heads, t, batch, cache);

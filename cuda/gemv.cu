@@ -81,16 +81,139 @@ struct OutInArgs {
   float beta;
   int n, k;
   int wpr;              // warps per output column
-  const T* norm_w;      // Norm: RMSNorm weight [k]
+  const T* norm_w;      // Norm: RMSNorm (or LayerNorm) weight [k]
   float eps;
+  bool layer_norm = false;  // Norm: GPT-2's LayerNorm (mean removed, norm_b added) instead
+  const T* norm_b = nullptr;  // LayerNorm bias [k] (may be null)
+  bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
 };
+
+__device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
+  const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.0f + tanhf(inner));
+}
+
+// finish, or with gelu GPT-2's c_fc epilogue: gelu(y + bias) with y + bias rounded to OutT first
+// as the separate GEMM writes it.
+template <typename OutT>
+__device__ __forceinline__ void finish_gelu(OutT* o, float v, float b, float beta, bool gelu) {
+  if (gelu) {
+    *o = from_f32<OutT>(gelu_tanh(to_f32(from_f32<OutT>(v + b))));
+    return;
+  }
+  finish(o, v, b, beta);
+}
+
+// Block sum of one value per row: warp sums, then the warps' partials through s_sum (all
+// threads get the totals). Ends with a barrier, so s_sum can be reused at once.
+template <int M>
+__device__ __forceinline__ void block_sums(float (&v)[M], float (&s_sum)[warps][M]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = warp_sum(v[m]);
+  if (lane == 0)
+#pragma unroll
+    for (int m = 0; m < M; ++m) s_sum[warp][m] = v[m];
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < warps; ++w8) t += s_sum[w8][m];
+    v[m] = t;
+  }
+  __syncthreads();
+}
+
+// The RMSNorm prologue of gemv_out_in_kernel: rows [M, k] of p.a normalised into s_act in T,
+// x * rstd rounded to T before the weight (as HF and the norm kernel).
+template <typename T, int M>
+__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M]) {
+  constexpr int V = vec_of<T>;
+  const int k = p.k;
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ss[m] = 0.0f;
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) ss[m] += x[v] * x[v];
+    }
+  }
+  block_sums<M>(ss, s_sum);
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+    float g[V];
+    unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float rstd = rsqrtf(ss[m] / static_cast<float>(k) + p.eps);
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) x[v] = to_f32(from_f32<T>(x[v] * rstd)) * g[v];
+      *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
+    }
+  }
+}
+
+// The LayerNorm prologue of gemv_out_in_kernel (layer_norm): rows [M, k] of p.a normalised into
+// s_act in T.
+template <typename T, int M>
+__device__ void layer_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M]) {
+  constexpr int V = vec_of<T>;
+  const int k = p.k;
+  float mean[M], sq[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) mean[m] = sq[m] = 0.0f;
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) mean[m] += x[v];
+    }
+  }
+  block_sums<M>(mean, s_sum);
+#pragma unroll
+  for (int m = 0; m < M; ++m) mean[m] /= static_cast<float>(k);
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) sq[m] += (x[v] - mean[m]) * (x[v] - mean[m]);
+    }
+  }
+  block_sums<M>(sq, s_sum);
+  for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
+    float g[V], b[V];
+    unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+    if (p.norm_b) unpack<T>(*reinterpret_cast<const uint4*>(p.norm_b + i), b);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float rstd = rsqrtf(sq[m] / static_cast<float>(k) + p.eps);
+      float x[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) x[v] = (x[v] - mean[m]) * rstd * g[v] + (p.norm_b ? b[v] : 0.0f);
+      *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
+    }
+  }
+}
 
 // W [N, K] (out_in). One warp per output column (or wpr warps splitting K) streams W's row with
 // 16-byte L1-bypassing loads, four per lane (and weight row) in flight. Fusions (decode steps of
 // pre-norm models), each saving a kernel and a pass over an activation:
 // - Norm: `a` is the residual stream; every block first computes RMSNorm(a) * norm_w exactly as
 //   the norm kernel does (rounded to T before the weight, as HF) into shared memory [M, K], and
-//   the dot products read it from there.
+//   the dot products read it from there. With layer_norm, GPT-2's LayerNorm instead (f32
+//   statistics, two-pass variance, (a - mean) * rstd * norm_w + norm_b rounded to T once, as
+//   norm.cu's layer_norm), and with gelu GPT-2's c_fc epilogue.
 // - Swiglu: W holds 2N rows (gate, then up); the warp of column j also streams row N + j and
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
@@ -128,44 +251,8 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   const T* act = p.a;
   if constexpr (Norm) {
     T* s_act = reinterpret_cast<T*>(s_dyn);
-    float ss[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) ss[m] = 0.0f;
-    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[V];
-        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
-#pragma unroll
-        for (int v = 0; v < V; ++v) ss[m] += x[v] * x[v];
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) ss[m] = warp_sum(ss[m]);
-    if (lane == 0)
-#pragma unroll
-      for (int m = 0; m < M; ++m) s_sum[warp][m] = ss[m];
-    __syncthreads();
-    float rstd[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float t = 0.0f;
-#pragma unroll
-      for (int w8 = 0; w8 < warps; ++w8) t += s_sum[w8][m];
-      rstd[m] = rsqrtf(t / static_cast<float>(k) + p.eps);
-    }
-    for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
-      float g[V];
-      unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[V];
-        unpack<T>(*reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * k + i), x);
-#pragma unroll
-        for (int v = 0; v < V; ++v) x[v] = to_f32(from_f32<T>(x[v] * rstd[m])) * g[v];
-        *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
-      }
-    }
+    if (p.layer_norm) layer_norm_prologue<T, M>(s_act, p, s_sum);
+    else rms_norm_prologue<T, M>(s_act, p, s_sum);
     __syncthreads();
     act = s_act;
   }
@@ -238,7 +325,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
     } else {
       const float b = p.bias ? to_f32(p.bias[col]) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) finish(out + static_cast<std::int64_t>(m) * p.ldo + col, acc[0][m], b, p.beta);
+      for (int m = 0; m < M; ++m) finish_gelu(out + static_cast<std::int64_t>(m) * p.ldo + col, acc[0][m], b, p.beta, p.gelu);
     }
   }
 }
@@ -274,11 +361,6 @@ __device__ __forceinline__ void layer_norm_rows(float* s_act, const T* x, const 
   __syncthreads();
 }
 
-__device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
-  const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-  return 0.5f * v * (1.0f + tanhf(inner));
-}
-
 // The fusions of in_out GEMVs for GPT-2 blocks (LayerNormGemvArgs): the LayerNorm before (Norm)
 // and GELU after (Gelu: out = gelu(y + bias), y + bias rounded to the output dtype first as the
 // separate GEMM writes it).
@@ -289,15 +371,6 @@ struct InOutFusion {
   float eps = 0.0f;
   bool gelu = false;
 };
-
-template <typename OutT>
-__device__ __forceinline__ void finish_in_out(OutT* o, float v, float b, float beta, bool gelu) {
-  if (gelu) {
-    *o = from_f32<OutT>(gelu_tanh(to_f32(from_f32<OutT>(v + b))));
-    return;
-  }
-  finish(o, v, b, beta);
-}
 
 template <typename T, int M, typename OutT, bool Norm>
 __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std::int64_t ldo, const T* a,
@@ -367,7 +440,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std:
     if (owns) {
       const float b = bias ? to_f32(bias[col]) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) finish_in_out(out + static_cast<std::int64_t>(m) * ldo + col, mine[m], b, beta, f.gelu);
+      for (int m = 0; m < M; ++m) finish_gelu(out + static_cast<std::int64_t>(m) * ldo + col, mine[m], b, beta, f.gelu);
     }
     return;
   }
@@ -387,7 +460,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_in_out_kernel(OutT* out, std:
     for (int m = 0; m < M; ++m) {
       float s = 0.0f;
       for (int p = 0; p < parts; ++p) s += __ldcg(&partial[(static_cast<std::int64_t>(p) * M + m) * n + col]);
-      finish_in_out(out + static_cast<std::int64_t>(m) * ldo + col, s, b, beta, f.gelu);
+      finish_gelu(out + static_cast<std::int64_t>(m) * ldo + col, s, b, beta, f.gelu);
     }
   }
   if (threadIdx.x == 0) tickets[tile] = 0;  // ready for the next launch (graph replays too)
@@ -521,6 +594,17 @@ void launch_layer_norm_gemv_typed(cudaStream_t stream, const LayerNormGemvArgs& 
   });
 }
 
+template <typename T>
+void launch_layer_norm_out_in(cudaStream_t stream, const LayerNormGemvArgs& g, int sm_count) {
+  OutInArgs<T> p{g.out, g.n, static_cast<const T*>(g.x), static_cast<const T*>(g.w),
+                 static_cast<const T*>(g.bias), 0.0f, static_cast<int>(g.n), static_cast<int>(g.k), 1,
+                 static_cast<const T*>(g.norm_weight), g.eps};
+  p.layer_norm = true;
+  p.norm_b = static_cast<const T*>(g.norm_bias);
+  p.gelu = g.gelu;
+  dispatch_rows(static_cast<int>(g.m), [&](auto rows) { launch_out_in<T, decltype(rows)::value, T, true, false>(stream, p, sm_count); });
+}
+
 template <typename T, bool Swiglu>
 void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm_count) {
   dispatch_rows(m, [&](auto rows) { launch_out_in<T, decltype(rows)::value, T, true, Swiglu>(stream, p, sm_count); });
@@ -603,15 +687,24 @@ void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
-bool layer_norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
-                               const void* x, const void* w) noexcept {
-  return gemv_supported(dt, true, m, n, k, x, w) &&
-         static_cast<std::size_t>(m * k) * sizeof(float) <= max_gemv_norm_smem;
+bool layer_norm_gemv_supported(DType dt, const LayerNormGemvArgs& g) noexcept {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if (g.in_out)
+    return gemv_supported(dt, true, g.m, g.n, g.k, g.x, g.w) &&
+           static_cast<std::size_t>(g.m * g.k) * sizeof(float) <= max_gemv_norm_smem;
+  return gemv_supported(dt, false, g.m, g.n, g.k, g.x, g.w) && aligned(g.norm_weight) &&
+         aligned(g.norm_bias) && static_cast<std::size_t>(g.m * g.k) * dtype_size(dt) <= max_gemv_norm_smem;
 }
 
 void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvArgs& args,
                             int sm_count, float* partial, unsigned* tickets) {
   if (args.m == 0 || args.n == 0) return;
+  if (!args.in_out) {
+    if (dt == DType::f32) launch_layer_norm_out_in<float>(stream, args, sm_count);
+    else launch_layer_norm_out_in<bf16>(stream, args, sm_count);
+    XSERV_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const InOutShape sh = in_out_shape(dt, args.n, args.k, sm_count);
   if (dt == DType::f32) launch_layer_norm_gemv_typed<float>(stream, args, sm_count, sh, partial, tickets);
   else launch_layer_norm_gemv_typed<bf16>(stream, args, sm_count, sh, partial, tickets);

@@ -40,6 +40,9 @@ void launch_gather_rows(cudaStream_t stream, DType dt, void* out, const void* x,
 // Converts n elements between float dtypes (f32, f16, bf16), used at weight import.
 void launch_convert(cudaStream_t stream, DType from, DType to, const void* src, void* dst,
                     std::int64_t n);
+// dst [n, k] = src [k, n] transposed, elements of 2 or 4 bytes (weights at load).
+void launch_transpose(cudaStream_t stream, std::size_t elem_bytes, const void* src, void* dst,
+                      std::int64_t k, std::int64_t n);
 // dst[i] = offset + scale * (uniform(seed, i) * 2 - 1): dummy weights made on the device.
 void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
                         std::uint64_t seed, float scale, float offset);
@@ -103,11 +106,13 @@ void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
                       std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
 
-// The in_out GEMV with GPT-2's LayerNorm before it and optionally GELU after it (one kernel
-// instead of two or three at decode): out[m, :] = gelu?(LayerNorm(x[m, :]) * norm_weight +
-// norm_bias . W + bias), W [k, n], everything in dt, rounded as launch_norm, launch_gemv and
-// launch_gelu would. Needs gemv_scratch_floats(dt, true, m, n, k) floats and gemv_tickets(dt, n)
-// as launch_gemv; m * k f32 values of shared memory, up to max_gemv_norm_smem bytes.
+// The GEMV with GPT-2's LayerNorm before it and optionally GELU after it (one kernel instead of
+// two or three at decode): out[m, :] = gelu?(LayerNorm(x[m, :]) * norm_weight + norm_bias . W +
+// bias), everything in dt, rounded as launch_norm, launch_gemv and launch_gelu would. W [n, k]
+// (out_in: the transposed Conv1D weights GPT-2 runs with by default; m * k values of dt in
+// shared memory, 16-byte aligned x, norm weight and bias) or [k, n] (in_out: needs
+// gemv_scratch_floats(dt, true, m, n, k) floats and gemv_tickets(dt, n) as launch_gemv; m * k
+// f32 values of shared memory); the shared memory up to max_gemv_norm_smem bytes.
 struct LayerNormGemvArgs {
   void* out;
   const void* x;
@@ -118,9 +123,9 @@ struct LayerNormGemvArgs {
   const void* bias;  // may be null
   bool gelu;
   std::int64_t m, n, k;
+  bool in_out = true;  // W's layout
 };
-bool layer_norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
-                               const void* x, const void* w) noexcept;
+bool layer_norm_gemv_supported(DType dt, const LayerNormGemvArgs& args) noexcept;
 void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvArgs& args,
                             int sm_count, float* partial, unsigned* tickets);
 
@@ -165,9 +170,16 @@ struct AttentionParams {
   // their finished splits here and the last one merges them (and resets its counter). Without
   // them, split launches take the tile kernel and a merge kernel instead.
   unsigned* tickets = nullptr;
+  // Decode rows (query length 1) on the register kernel (attention_rows_store_kv): the block whose
+  // split holds a row's own key first copies the row's k and v from qkv, as they are (no norm, no
+  // RoPE: GPT-2), into the cache, in place of a qk_transform_store kernel before it.
+  bool store_kv = false;
 };
 // One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
+// Whether launch_attention_rows runs the register kernel for this dtype and head_dim (f32, and
+// bf16 head dims other than 64 and 128), the one that honours AttentionParams::store_kv.
+bool attention_rows_store_kv(DType dt, std::int32_t head_dim) noexcept;
 // How launch_attention_rows splits each row's keys: num_splits blocks of split_size keys, for
 // rows_x_kv_heads = rows * n_kv_heads and contexts up to context_bucket keys (the split depends
 // on the bucket only, so a recorded graph stays valid while contexts grow within it).

@@ -57,6 +57,12 @@
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
+#   scripts/cuda_device_run.sh gpt2prof GPT-2 124M f32: its op and model tests, memcheck over the
+#                                       LayerNorm GEMV and transpose, batch-1 decode and prefill 512
+#                                       with the Conv1D weights as stored and the f32 attention's
+#                                       merge and k/v write as separate kernels (before), the
+#                                       weights transposed (conv1d), everything (after); the
+#                                       kernels of one decode step before and after (ncu)
 # Builds here with Ninja (about 35 s on the 16 cores), then runs. On a machine still warm from
 # someone else's run, /tmp/b holds their build: sources unpacked from an archive keep their
 # older modification times and Ninja rebuilds nothing. Start from an empty /tmp/b then (or
@@ -385,6 +391,28 @@ elif [ "$stage" = dattn ]; then
     } 2>&1 | tee "$OUT/ncu_attn.txt"
     tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
   fi
+elif [ "$stage" = gpt2prof ]; then
+  # Issue 12: GPT-2's batch-1 decode (after 128 and 1000 tokens) and 512-token prefill, before
+  # (Conv1D weights as stored, the f32 attention's split merge and k/v write as kernels of their
+  # own), with the weights transposed (conv1d) and as default (after); the kernels of one
+  # graph-replayed decode step before and after (ncu). GPT2_TESTS: the tests run first.
+  timeout 200 "$bin/xserv_tests" "${GPT2_TESTS:-cuda layer_norm_gemm*,cuda transpose*,cuda gemm*,cuda: tiny*,cuda: decode steps*,cuda decode attention*,cuda qk_transform_store*,cuda run_graph*}" \
+    --durations yes >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -20
+  sanitize "cuda layer_norm_gemm*,cuda transpose*,cuda decode attention*" sanitizer.txt
+  mkdir -p /tmp/ncu
+  {
+    old=XSERV_CUDA_ATTN_MERGE_KERNEL=1,XSERV_CUDA_ATTN_STORE_KV=0
+    for side in before:XSERV_CUDA_CONV1D=in_out,$old conv1d:$old after:XSERV_CUDA_NOTHING=1 before:XSERV_CUDA_CONV1D=in_out,$old conv1d:$old after:XSERV_CUDA_NOTHING=1; do
+      for args in "--prompt-len 128 --gen-len 128 --batch 1 --repeat 3" "--prompt-len 512 --gen-len 2 --batch 1 --repeat 5" "--prompt-len 1000 --gen-len 24 --batch 1 --repeat 2"; do
+        printf -- "-- gpt2 %s %s: " "${side%%:*}" "$args"
+        env $(echo "${side#*:}" | tr ',' ' ') timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/gpt2.json --device cuda $args 2>&1 | grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
+      done
+    done
+    ncu_step bench/configs/gpt2.json 1 ncu_gpt2_b1_before XSERV_CUDA_CONV1D=in_out XSERV_CUDA_ATTN_MERGE_KERNEL=1 XSERV_CUDA_ATTN_STORE_KV=0
+    ncu_step bench/configs/gpt2.json 1 ncu_gpt2_b1
+  } 2>&1 | tee "$OUT/gpt2prof.txt"
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = profile ]; then
   run_cuda_tests 100
   mkdir -p /tmp/ncu  # the raw logs come back as one archive ($OUT takes at most 8 files)

@@ -125,6 +125,10 @@ class Backend {
   virtual void fill_zero(Tensor dst) = 0;
   // dst = src (same bytes, both on this device). Enqueued like an op.
   virtual void copy(Tensor dst, const Tensor& src) = 0;
+  // dst [N, K] = src [K, N] transposed (2-D, same dtype, both on this device, not overlapping).
+  // Enqueued like an op. Models use it at load to turn GPT-2's [in, out] Conv1D weights into the
+  // [out, in] layout the decode GEMVs stream best (Model::conv1d_layout).
+  virtual void transpose(Tensor dst, const Tensor& src) = 0;
   // Memory free now and in total on this backend's device (CPU: available and physical RAM).
   virtual MemoryInfo memory_info() const = 0;
   // Puts a ForwardBatch where the ops can read it; the returned views stay valid until the next

@@ -1,6 +1,6 @@
 // GPT-2 (124M to 1.5B shapes): learned positions, pre-LayerNorm blocks, fused QKV Conv1D
-// ([in, out] weights, used as stored; Model::conv1d_layout can have the CPU backend transpose
-// them at load), gelu_new MLP, lm_head tied to the token embedding.
+// ([in, out] weights, transposed at load to [out, in] unless Model::conv1d_layout says to keep
+// them), gelu_new MLP, lm_head tied to the token embedding.
 //
 // HF checkpoints name tensors `transformer.h.N.attn.c_attn.weight`; older exports drop the
 // `transformer.` prefix, and both are accepted.

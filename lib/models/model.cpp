@@ -14,17 +14,6 @@ namespace xserv {
 
 namespace {
 
-// dst[N, K] = src[K, N]ᵀ in 32 x 32 tiles: both sides touch whole cache lines while a tile stays
-// in L1.
-template <typename T>
-void transpose(const T* src, T* dst, std::int64_t k, std::int64_t n) {
-  constexpr std::int64_t tile = 32;
-  for (std::int64_t k0 = 0; k0 < k; k0 += tile)
-    for (std::int64_t n0 = 0; n0 < n; n0 += tile)
-      for (std::int64_t i = k0; i < std::min(k, k0 + tile); ++i)
-        for (std::int64_t j = n0; j < std::min(n, n0 + tile); ++j) dst[j * k + i] = src[i * n + j];
-}
-
 struct ConfigIdentity {
   std::string model_type;
   std::vector<std::string> architectures;
@@ -181,27 +170,37 @@ void Model::set_limits(const ModelOptions& options) {
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {
-  // Transposed by default on the CPU backend: on the GPU machine's Xeon (3 runs each, medians)
-  // GPT-2 124M f32 decodes 4-31% faster at 2-16 threads and prefills 2-11% faster
-  // (docs/benchmarks.md, issue 16, sixth session); XSERV_CPU_CONV1D=in_out keeps them as stored.
-  const char* v = std::getenv("XSERV_CPU_CONV1D");
-  return backend_.device().kind == DeviceKind::cpu && !(v && std::string_view(v) == "in_out")
-             ? WeightLayout::out_in
-             : WeightLayout::in_out;
+  // Transposed by default. CPU: on the GPU machine's Xeon (3 runs each, medians) GPT-2 124M f32
+  // decodes 4-31% faster at 2-16 threads and prefills 2-11% faster (docs/benchmarks.md, issue
+  // 16, sixth session). CUDA: the one-row GEMV of [in, out] weights splits K over blocks and
+  // merges partial sums, which streamed GPT-2's 2-9 MB weights at ~0.8 TB/s; the [out, in] GEMV
+  // with its LayerNorm prologue and GELU epilogue is the Qwen3 kernel (docs/benchmarks.md,
+  // "GPT-2 decode with transposed Conv1D weights"). XSERV_CPU_CONV1D=in_out /
+  // XSERV_CUDA_CONV1D=in_out keep them as stored.
+  const bool cpu = backend_.device().kind == DeviceKind::cpu;
+  const char* v = std::getenv(cpu ? "XSERV_CPU_CONV1D" : "XSERV_CUDA_CONV1D");
+  return v && std::string_view(v) == "in_out" ? WeightLayout::in_out : WeightLayout::out_in;
 }
 
 Tensor Model::transpose_in_out(const Tensor& w) {
-  XSERV_CHECK(w.shape.rank() == 2 && w.device.kind == DeviceKind::cpu &&
-                  backend_.device().kind == DeviceKind::cpu,
-              ErrorCode::internal, "transpose_in_out: a 2-D host weight on the CPU backend, not {}",
-              w.shape);
-  const std::int64_t k = w.shape[0], n = w.shape[1];
-  Buffer& b = weight_buffers_.emplace_back(backend_.allocator(), w.bytes());
-  if (dtype_size(w.dtype) == 4)
-    transpose(static_cast<const std::uint32_t*>(w.data), static_cast<std::uint32_t*>(b.data()), k, n);
-  else
-    transpose(static_cast<const std::uint16_t*>(w.data), static_cast<std::uint16_t*>(b.data()), k, n);
-  return Tensor(b.data(), w.dtype, Shape{n, k}, w.device);
+  XSERV_CHECK(w.shape.rank() == 2 && w.device == backend_.device(), ErrorCode::internal,
+              "transpose_in_out: a 2-D weight of this backend, not {}", w.shape);
+  const Shape t_shape{w.shape[1], w.shape[0]};
+  if (backend_.device().kind == DeviceKind::cpu) {
+    // CPU weights are views of the read-only mapping: the transpose is a copy the model keeps.
+    Buffer& b = weight_buffers_.emplace_back(backend_.allocator(), w.bytes());
+    Tensor t(b.data(), w.dtype, t_shape, w.device);
+    backend_.transpose(t, w);
+    return t;
+  }
+  // A device weight is replaced in place, through a scratch copy, so it is held once.
+  Buffer scratch(backend_.allocator(), w.bytes());
+  Tensor t(scratch.data(), w.dtype, t_shape, w.device);
+  backend_.transpose(t, w);
+  Tensor in_place(w.data, w.dtype, t_shape, w.device);
+  backend_.copy(in_place, t);
+  backend_.synchronize();  // before the scratch is freed
+  return in_place;
 }
 
 void Model::plan_workspace(Tensor* dst, DType dtype, Shape shape) {

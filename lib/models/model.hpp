@@ -109,14 +109,16 @@ class Model {
   // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options, and the
   // tensor-parallel shard_ and communicator from options.communicator.
   void set_limits(const ModelOptions& options);
-  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: on the CPU
-  // backend out_in, copied once at load, transposed (transpose_in_out), so each decode GEMV
-  // thread streams one contiguous slice of out_in rows instead of K short strided runs, and the
-  // prefill GEMM packs tiles from runs of K contiguous weights (GPT-2 124M f32 on the GPU
-  // machine's Xeon: decode +4-31%, prefill +2-11% at 2-16 threads); as stored on other backends
-  // and with XSERV_CPU_CONV1D=in_out.
+  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: out_in,
+  // transposed once at load (transpose_in_out). CPU: each decode GEMV thread streams one
+  // contiguous slice of out_in rows instead of K short strided runs, and the prefill GEMM packs
+  // tiles from runs of K contiguous weights (GPT-2 124M f32 on the GPU machine's Xeon: decode
+  // +4-31%, prefill +2-11% at 2-16 threads). CUDA: the decode GEMV is the out_in kernel with
+  // the LayerNorm fused in front of it instead of a K-split in_out kernel. As stored with
+  // XSERV_CPU_CONV1D=in_out / XSERV_CUDA_CONV1D=in_out.
   WeightLayout conv1d_layout() const noexcept;
-  // w [K, N] -> a copy [N, K] in host memory the model keeps (a CPU backend's weight).
+  // w [K, N] -> [N, K]: on the CPU a copy in host memory the model keeps (the weight is a view
+  // of the mapping); on a device in place (through a scratch buffer).
   Tensor transpose_in_out(const Tensor& w);
 
   // Row-parallel GEMMs write into the residual stream x with this beta: rank 0 adds its partial

@@ -234,6 +234,27 @@ TEST_CASE("cpu gemm rejects mismatched shapes and dtypes", "[cpu]") {
                     Error);
 }
 
+TEST_CASE("cpu transpose of 2- and 4-byte weights, and its refusals", "[cpu]") {
+  CpuBackend be(BackendOptions{1, 0});
+  for (auto [k, n] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {33, 70}, {64, 31}, {5, 128}}) {
+    INFO("k=" << k << " n=" << n);
+    std::vector<float> w(static_cast<std::size_t>(k * n)), out(w.size());
+    std::iota(w.begin(), w.end(), 0.0f);
+    be.transpose(view(out, {n, k}), view(w, {k, n}));
+    for (std::int64_t i = 0; i < k; ++i)
+      for (std::int64_t j = 0; j < n; ++j) REQUIRE(out[static_cast<std::size_t>(j * k + i)] == w[static_cast<std::size_t>(i * n + j)]);
+    std::vector<std::uint16_t> h(w.size()), ht(w.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(i * 7);
+    be.transpose(Tensor(ht.data(), DType::bf16, Shape{n, k}), Tensor(h.data(), DType::bf16, Shape{k, n}));
+    for (std::int64_t i = 0; i < k; ++i)
+      for (std::int64_t j = 0; j < n; ++j) REQUIRE(ht[static_cast<std::size_t>(j * k + i)] == h[static_cast<std::size_t>(i * n + j)]);
+  }
+  std::vector<float> w(12), out(12);
+  REQUIRE_THROWS_WITH(be.transpose(view(out, {3, 4}), view(w, {3, 4})), Catch::Contains("transpose"));
+  std::vector<std::int32_t> wi(12);
+  REQUIRE_THROWS_AS(be.transpose(view(out, {4, 3}), view(wi, {3, 4})), Error);
+}
+
 TEST_CASE("cpu layer_norm and rms_norm, with and without the fused residual", "[cpu]") {
   std::mt19937 rng(2);
   CpuBackend be(BackendOptions{3, 0});

@@ -282,39 +282,66 @@ TEST_CASE("cuda layer_norm_gemm: the fused GPT-2 decode GEMV (LayerNorm prologue
     std::int64_t m, k, n;
     bool norm_bias, bias;
   };
-  // m <= 4 with m * k f32 values in 16 KB runs the fused kernel (GPT-2 shapes: 768 -> 2304 and
-  // 3072, K split over many blocks; a small K in one block); n not a multiple of the vector,
-  // m = 9 and k = 4100 take the separate layer_norm, gemm and gelu.
+  // m <= 4 with m * k values in 16 KB runs the fused kernel (GPT-2 shapes: 768 -> 2304 and
+  // 3072; in_out: K split over many blocks, a small K in one block); in_out with n not a multiple
+  // of the vector, m = 9 and k = 4100 take the separate layer_norm, gemm and gelu. Both weight
+  // layouts: out_in is what GPT-2 runs with by default (transposed at load), in_out as stored.
   const Case cases[] = {{1, 768, 2304, true, true}, {1, 768, 3072, true, true}, {2, 1024, 256, false, true},
                         {4, 768, 520, true, false},  {3, 64, 128, true, true},    {1, 768, 2302, true, true},
                         {9, 768, 256, true, true},   {1, 4100, 64, true, true}};
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (bool gelu : {false, true}) {
-        INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " gelu=" << gelu);
-        auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
-        for (auto& v : x) v += 0.5f;  // a mean for the LayerNorm to remove
-        auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
-        for (auto& v : g) v += 1.0f;
-        auto nb = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
-        auto w = randn(rng, static_cast<std::size_t>(c.k * c.n), static_cast<float>(1.0 / std::sqrt(c.k)));
-        auto b = randn(rng, static_cast<std::size_t>(c.n), 0.5f);
-        for (auto* v : {&x, &g, &nb, &w, &b}) round_through(*v, dt);
-        std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size());
-        be.cpu.layer_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}),
-                               c.norm_bias ? host_view(nb, {c.k}) : Tensor(), 1e-5f, host_view(w, {c.k, c.n}),
-                               WeightLayout::in_out, c.bias ? host_view(b, {c.n}) : Tensor(), gelu,
-                               host_view(h, {c.m, c.k}));
-        Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
-        be.gpu->layer_norm_gemm(gout, be.gpu_tensor(x, dt, {c.m, c.k}), be.gpu_tensor(g, dt, {c.k}),
-                                c.norm_bias ? be.gpu_tensor(nb, dt, {c.k}) : Tensor(), 1e-5f,
-                                be.gpu_tensor(w, dt, {c.k, c.n}), WeightLayout::in_out,
-                                c.bias ? be.gpu_tensor(b, dt, {c.n}) : Tensor(), gelu,
-                                be.gpu_poisoned(dt, {c.m, c.k}));
-        // Values are O(1). bf16: the normalised rows and y are rounded as the separate kernels
-        // round them, the CPU keeps f32.
-        require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 2.5e-2, dt == DType::f32 ? 1e-4 : 2e-2);
+      for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+        for (bool gelu : {false, true}) {
+          const bool in_out = layout == WeightLayout::in_out;
+          INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " gelu=" << gelu
+                              << (in_out ? " in_out" : " out_in"));
+          auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
+          for (auto& v : x) v += 0.5f;  // a mean for the LayerNorm to remove
+          auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+          for (auto& v : g) v += 1.0f;
+          auto nb = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+          auto w = randn(rng, static_cast<std::size_t>(c.k * c.n), static_cast<float>(1.0 / std::sqrt(c.k)));
+          auto b = randn(rng, static_cast<std::size_t>(c.n), 0.5f);
+          for (auto* v : {&x, &g, &nb, &w, &b}) round_through(*v, dt);
+          std::vector<float> wt(w.size());  // [n, k]
+          for (std::int64_t i = 0; i < c.k; ++i)
+            for (std::int64_t j = 0; j < c.n; ++j) wt[static_cast<std::size_t>(j * c.k + i)] = w[static_cast<std::size_t>(i * c.n + j)];
+          std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size());
+          be.cpu.layer_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}),
+                                 c.norm_bias ? host_view(nb, {c.k}) : Tensor(), 1e-5f, host_view(w, {c.k, c.n}),
+                                 WeightLayout::in_out, c.bias ? host_view(b, {c.n}) : Tensor(), gelu,
+                                 host_view(h, {c.m, c.k}));
+          Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
+          be.gpu->layer_norm_gemm(gout, be.gpu_tensor(x, dt, {c.m, c.k}), be.gpu_tensor(g, dt, {c.k}),
+                                  c.norm_bias ? be.gpu_tensor(nb, dt, {c.k}) : Tensor(), 1e-5f,
+                                  in_out ? be.gpu_tensor(w, dt, {c.k, c.n}) : be.gpu_tensor(wt, dt, {c.n, c.k}),
+                                  layout, c.bias ? be.gpu_tensor(b, dt, {c.n}) : Tensor(), gelu,
+                                  be.gpu_poisoned(dt, {c.m, c.k}));
+          // Values are O(1). bf16: the normalised rows and y are rounded as the separate kernels
+          // round them, the CPU keeps f32.
+          require_close(be.read(gout), want, dt == DType::f32 ? 2e-5 : 2.5e-2, dt == DType::f32 ? 1e-4 : 2e-2);
+        }
       }
+    }
+  }
+}
+
+TEST_CASE("cuda transpose of 2- and 4-byte weights", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(33);
+  for (DType dt : kActs) {
+    for (auto [k, n] : {std::pair<std::int64_t, std::int64_t>{768, 2304}, {1, 7}, {33, 31}, {3072, 768}, {100, 1}}) {
+      INFO(dtype_name(dt) << " k=" << k << " n=" << n);
+      auto w = randn(rng, static_cast<std::size_t>(k * n));
+      round_through(w, dt);
+      std::vector<float> want(w.size());
+      for (std::int64_t i = 0; i < k; ++i)
+        for (std::int64_t j = 0; j < n; ++j) want[static_cast<std::size_t>(j * k + i)] = w[static_cast<std::size_t>(i * n + j)];
+      Tensor out = be.gpu_poisoned(dt, {n, k});
+      be.gpu->transpose(out, be.gpu_tensor(w, dt, {k, n}));
+      require_close(be.read(out), want, 0.0, 0.0);  // a copy: exact
     }
   }
 }
@@ -696,6 +723,22 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
         run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, fused, !fused);
       }
     }
+  }
+  // f32 (GPT-2) and bf16 head dims other than 64 and 128 take the register kernel: its splits
+  // merged by its last block (default) and by the merge kernel after it.
+  for (const char* merge_kernel : {"0", "1"}) {
+    const ScopedEnv env_merge("XSERV_CUDA_ATTN_MERGE_KERNEL", merge_kernel);
+    for (const auto& c : cases) {
+      if (c.seqs == &one_long) continue;
+      INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " f32 heads " << c.geom.n_q_heads << "/"
+                                           << c.geom.n_kv_heads << " d " << c.geom.head_dim << " rows "
+                                           << c.seqs->size());
+      run_attention_case(be, rng, DType::f32, {c.geom, true, true, *c.seqs}, 16, false, true);
+      // GPT-2's qk_attention (no norm, no RoPE): decode rows write k/v inside the attention.
+      run_attention_case(be, rng, DType::f32, {c.geom, false, false, *c.seqs}, 5, true, false);
+    }
+    INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " bf16 head_dim 96");
+    run_attention_case(be, rng, DType::bf16, {{12, 4, 96}, true, true, edges}, 5, false, true);
   }
 }
 

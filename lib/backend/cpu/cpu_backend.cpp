@@ -111,6 +111,33 @@ void CpuBackend::copy(Tensor dst, const Tensor& src) {
   if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
 }
 
+namespace {
+// dst[N, K] = src[K, N]ᵀ in 32 x 32 tiles: both sides touch whole cache lines while a tile stays
+// in L1.
+template <typename T>
+void transpose_tiles(const T* src, T* dst, std::int64_t k, std::int64_t n) {
+  constexpr std::int64_t tile = 32;
+  for (std::int64_t k0 = 0; k0 < k; k0 += tile)
+    for (std::int64_t n0 = 0; n0 < n; n0 += tile)
+      for (std::int64_t i = k0; i < std::min(k, k0 + tile); ++i)
+        for (std::int64_t j = n0; j < std::min(n, n0 + tile); ++j) dst[j * k + i] = src[i * n + j];
+}
+}  // namespace
+
+void CpuBackend::transpose(Tensor dst, const Tensor& src) {
+  check_data("transpose", "dst", dst);
+  check_data("transpose", "src", src);
+  XSERV_CHECK(src.shape.rank() == 2 && dst.shape == Shape({src.shape[1], src.shape[0]}) &&
+                  dst.dtype == src.dtype && (dtype_size(src.dtype) == 2 || dtype_size(src.dtype) == 4),
+              ErrorCode::invalid_argument, "transpose: {} {} into {} {}", dtype_name(src.dtype),
+              src.shape, dtype_name(dst.dtype), dst.shape);
+  const std::int64_t k = src.shape[0], n = src.shape[1];
+  if (dtype_size(src.dtype) == 4)
+    transpose_tiles(static_cast<const std::uint32_t*>(src.data), static_cast<std::uint32_t*>(dst.data), k, n);
+  else
+    transpose_tiles(static_cast<const std::uint16_t*>(src.data), static_cast<std::uint16_t*>(dst.data), k, n);
+}
+
 MemoryInfo CpuBackend::memory_info() const {
   const long page = sysconf(_SC_PAGESIZE);
   const long avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);

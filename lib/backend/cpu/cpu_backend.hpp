@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void download(void* host_dst, const Tensor& src) override;
   void fill_zero(Tensor dst) override;
   void copy(Tensor dst, const Tensor& src) override;
+  void transpose(Tensor dst, const Tensor& src) override;
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
   void synchronize() override {}
