@@ -54,6 +54,9 @@
 #                                       bytes of one decode step (ncu). VARIANTS="stages2 ..." adds
 #                                       tuning runs after 16k/4k (XSERV_CUDA_ATTN_STAGES / _SPLIT_KEYS),
 #                                       B1_VARIANTS="fuseqk ..." to the 0.6B/1.7B batch-1 runs
+#   scripts/cuda_device_run.sh serveprof  batched decode (issue 10): step times and serving at
+#                                       16/64/128 of Qwen3-1.7B and 8B, ncu tables of one step
+#                                       per batch size with its sampling (scripts/ncu_steps.py)
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -395,6 +398,39 @@ elif [ "$stage" = profile ]; then
     ncu_step bench/configs/qwen3-8b.json 16 ncu_8b_16
     ncu_step bench/configs/qwen3-1.7b.json 128 ncu_17b_128
   } 2>&1 | tee "$OUT/ncu.txt"
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
+elif [ "$stage" = serveprof ]; then
+  # Issue 10: where a batched decode step goes. Step time (generate_bench) and serving figures
+  # (serve_bench, with the decode-only steps' share of the wall time on stderr) of Qwen3-1.7B and
+  # 8B at 16/64/128, opt-in variants of 1.7B serving (SERVE_VARIANTS="ENV=V ..."), then ncu
+  # per-kernel tables of one graph-replayed step at each batch size, sampling included
+  # (scripts/ncu_steps.py). SKIP_TESTS=0 runs the [cuda] tests first; MODELS picks the models.
+  [ "${SKIP_TESTS:-1}" = 1 ] || run_cuda_tests 150
+  mkdir -p /tmp/ncu
+  {
+    for m in ${MODELS:-qwen3-1.7b}; do
+      echo "== $m: generate_bench decode at 16/64/128 rows, serve_bench 16/64/128 at once"
+      timeout 90 "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1 2>&1 | grep -E "^\| [0-9]|rror"
+      timeout 90 "$bin/serve_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall"
+    done
+    for v in ${SERVE_VARIANTS:-}; do
+      echo "-- qwen3-1.7b serve_bench with $v"
+      env "$v" timeout 60 "$bin/serve_bench" --dummy-weights --config bench/configs/qwen3-1.7b.json \
+        --device cuda --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall"
+    done
+  } 2>&1 | tee "$OUT/steps.txt"
+  for m in ${NCU_MODELS:-qwen3-1.7b qwen3-8b}; do
+    echo "== ncu: one decode step (and its sampling) of $m at 16/64/128 rows"
+    XSERV_CUDA_PROFILE_REPLAY=3 timeout 200 ncu --clock-control none --cache-control none \
+      --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+      "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+      --batch 16,64,128 --prompt-len 128 --gen-len 8 --repeat 1 >"/tmp/ncu/$m.csv" 2>&1
+    python3 scripts/ncu_steps.py "/tmp/ncu/$m.csv" "${LAYER_KERNELS:-16}" >"$OUT/ncu_$m.txt" 2>&1 ||
+      tail -5 "/tmp/ncu/$m.csv"
+    grep -E "^===" "$OUT/ncu_$m.txt"
+  done
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = check ]; then
   run_cuda_tests 150
