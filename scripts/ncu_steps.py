@@ -17,7 +17,7 @@ SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "mse
 
 def short(name):
     name = re.sub(r"^void ", "", name)
-    name = re.sub(r"xserv::cuda::(\(anonymous namespace\)::)?", "", name)
+    name = re.sub(r"xserv::(cuda::)?(\(anonymous namespace\)::|<unnamed>::)?", "", name)
     name = re.sub(r"\(.*\)$", "", name)  # parameter list
     name = re.sub(r"<.*>$", "", name) if len(name) > 56 else name
     return name[:56]
