@@ -454,9 +454,11 @@ elif [ "$stage" = batched ]; then
     done
   }
   {
+    for m in ${GB_MODELS:-qwen3-1.7b}; do
+      ab generate_bench $m --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1
+    done
     for m in ${MODELS:-qwen3-1.7b qwen3-8b}; do
       ab serve_bench $m --concurrency 16,64,128 --max-batch-tokens 2048
-      ab generate_bench $m --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1
     done
     for v in ${VARIANTS:-}; do
       printf -- "-- generate_bench qwen3-1.7b %s: " "$v"
@@ -467,7 +469,7 @@ elif [ "$stage" = batched ]; then
   } 2>&1 | tee "$OUT/ab.txt"
   if [ "${NCU:-1}" = 1 ]; then
     mkdir -p /tmp/ncu
-    for side in before after; do
+    for side in ${NCU_SIDES:-before after}; do
       if [ $side = before ]; then e=XSERV_CUDA_SAMPLE_LEGACY=1; else e=XSERV_CUDA_NOTHING=1; fi
       echo "== ncu: sampling kernels of one 128-row Qwen3-1.7B step, $side"
       env $e XSERV_CUDA_PROFILE_REPLAY=3 timeout 90 ncu --clock-control none --cache-control none \
