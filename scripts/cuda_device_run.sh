@@ -438,17 +438,19 @@ elif [ "$stage" = serveprof ]; then
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = batched ]; then
   # Issue 10, batched decode: the sampling tests (memcheck over the new one), then before
-  # (XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 of the split-row sampling as before) and after, same
-  # build: generate_bench and serve_bench at 16/64/128 for Qwen3-1.7B and 8B, variants of 1.7B's
-  # decode (VARIANTS="ENV=V ..."), the sampling kernels of one 128-row step (ncu, before/after).
+  # (BEFORE_ENV, default XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 of the split-row sampling as before)
+  # and after, same build: generate_bench (GB_MODELS) and serve_bench (MODELS) at 16/64/128,
+  # serving with the defaults alone (AFTER_MODELS), variants of 1.7B's decode (VARIANTS="ENV=V
+  # ..."), the sampling kernels of one 128-row step (ncu, NCU_SIDES; NCU=0: none).
   echo "== sampling and engine tests"
   timeout 120 "$bin/xserv_tests" "${TEST_SPEC:-cuda sample*,cuda logprobs*,cuda engine*}" >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -12
   sanitize "${SANITIZE_SPEC:-cuda sample, many greedy*,cuda sample, split-row*}" sanitizer.txt
+  before_env=${BEFORE_ENV:-XSERV_CUDA_SAMPLE_LEGACY=1}
   ab() {  # binary, model, args...: before, after
     for side in before after; do
       printf -- "-- %s %s %s: " "$1" "$2" "$side"
-      if [ $side = before ]; then e=XSERV_CUDA_SAMPLE_LEGACY=1; else e=XSERV_CUDA_NOTHING=1; fi
+      if [ $side = before ]; then e=$before_env; else e=XSERV_CUDA_NOTHING=1; fi
       env $e timeout 120 "$bin/$1" --dummy-weights --config bench/configs/$2.json --device cuda "${@:3}" 2>&1 |
         grep -E "^\| [0-9]|rror|wall" | tr '\n' ' '; echo
     done
@@ -457,8 +459,13 @@ elif [ "$stage" = batched ]; then
     for m in ${GB_MODELS:-qwen3-1.7b}; do
       ab generate_bench $m --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1
     done
-    for m in ${MODELS:-qwen3-1.7b qwen3-8b}; do
+    for m in ${MODELS-qwen3-1.7b qwen3-8b}; do
       ab serve_bench $m --concurrency 16,64,128 --max-batch-tokens 2048
+    done
+    for m in ${AFTER_MODELS:-}; do  # serving, current defaults only
+      printf -- "-- serve_bench %s: " "$m"
+      timeout 120 "$bin/serve_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall" | tr '\n' ' '; echo
     done
     for v in ${VARIANTS:-}; do
       printf -- "-- generate_bench qwen3-1.7b %s: " "$v"

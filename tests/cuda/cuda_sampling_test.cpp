@@ -111,7 +111,7 @@ TEST_CASE("cuda sample, split-row top-k path, matches the CPU backend", "[cuda]"
 // best logit tied at two ids (the lower id wins, as on the CPU) and placed in different blocks'
 // chunks. Greedy rows without penalties must leave their logits untouched; rows with a
 // temperature hold logit / temperature afterwards (the documented in-place change).
-TEST_CASE("cuda sample, many greedy and top-k rows, matches the CPU backend", "[cuda]") {
+TEST_CASE("cuda sample of many greedy and top-k rows matches the CPU backend", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(15);
