@@ -880,8 +880,9 @@ int mma_stages() noexcept {
 // (batch 1 after 16k keys); once the batch's rows alone give half a wave of (row, kv head) pairs
 // (batched decode: hundreds of blocks of one or a few chunks per warp, one block per pair and
 // split), two buffers (64 KB, three blocks an SM) let more blocks overlap their first copies and
-// their merges with each other's streaming: Qwen3-1.7B decode at 16 / 128 rows 1.90 / 2.87 ->
-// 1.83 / 2.79 ms a step (docs/benchmarks.md, "Batched decode steps"). Splits are sized for the
+// their merges with each other's streaming: Qwen3-1.7B decode at 16 / 64 / 128 rows 1.91 / 2.25 /
+// 2.87 -> 1.84 / 2.24 / 2.83 ms a step (docs/benchmarks.md, "Batched decode steps"; at 16 rows
+// 384-512 blocks meet a 264-block wave at 3 buffers, 396 at 2). Splits are sized for the
 // 3-buffer wave either way (attention_rows_split), so the batch-1 launch shapes are unchanged.
 int launch_stages(const AttentionParams& p) {
   const int forced = mma_stages();
