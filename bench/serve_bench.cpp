@@ -17,7 +17,9 @@
 // Reported: output tok/s (generated tokens / wall time from first submit to last token), TTFT
 // (submit to first token) and inter-token latency (gaps between a request's tokens), p50/p99,
 // and the engine's step time split into host work (schedule, batch building, outputs, event
-// callbacks) and the forward (upload, model, sampling, the wait for the ids), per step.
+// callbacks) and the forward (upload, model, sampling, the wait for the ids), per step; on
+// stderr, each workload's wall time next to the forward time of its decode-only steps (and their
+// mean) and of the steps that carried prefill chunks.
 // The engine is stepped from this thread; timestamps are taken in the event callbacks.
 #include <algorithm>
 #include <charconv>
@@ -164,6 +166,8 @@ Result run(Engine& engine, const std::vector<Arrival>& arrivals) {
   res.stats.steps -= before.steps;
   res.stats.host_seconds -= before.host_seconds;
   res.stats.forward_seconds -= before.forward_seconds;
+  res.stats.decode_steps -= before.decode_steps;
+  res.stats.decode_forward_seconds -= before.decode_forward_seconds;
   return res;
 }
 
@@ -189,6 +193,17 @@ void print(const char* workload, const Result& r) {
               r.tok_s, r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99, r.stats.prefix_hit_rate(),
               static_cast<unsigned long long>(r.stats.preemptions),
               1e3 * r.stats.host_seconds / steps, 1e3 * r.stats.forward_seconds / steps);
+  // Where the wall time went: the decode-only steps' forwards against the rest (the steps with
+  // prefill chunks, host work).
+  const auto decode_steps = static_cast<double>(r.stats.decode_steps);
+  std::fprintf(stderr,
+               "  %s: %.3f s wall, %llu steps, %llu decode-only (%.3f s of forward, %.2f ms each), "
+               "the rest %.3f s of forward\n",
+               workload, r.seconds, static_cast<unsigned long long>(r.stats.steps),
+               static_cast<unsigned long long>(r.stats.decode_steps),
+               r.stats.decode_forward_seconds,
+               decode_steps > 0 ? 1e3 * r.stats.decode_forward_seconds / decode_steps : 0.0,
+               r.stats.forward_seconds - r.stats.decode_forward_seconds);
   std::fflush(stdout);
 }
 

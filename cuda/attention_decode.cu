@@ -921,13 +921,34 @@ bool use_mma() noexcept {
   return env == nullptr || std::string_view(env) != "0";
 }
 
-// Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4, default 3:
-// 96 KB a block at head_dim 128, two blocks an SM) and the keys a split holds at least
+// Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4; unset: 0,
+// chosen per launch by launch_stages) and the keys a split holds at least
 // (XSERV_CUDA_ATTN_SPLIT_KEYS, a multiple of 16, default 64: one chunk per warp).
 int mma_stages() noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_STAGES");
-  const int v = env ? std::atoi(env) : 3;
-  return v >= 2 && v <= 4 ? v : 3;
+  const int v = env ? std::atoi(env) : 0;
+  return v >= 2 && v <= 4 ? v : 0;
+}
+
+// The ring depth of one launch when XSERV_CUDA_ATTN_STAGES does not force one. Three chunk
+// buffers a warp (96 KB a block at head_dim 128, two blocks an SM) keep long splits streaming
+// (batch 1 after 16k keys); once the batch's rows alone give half a wave of (row, kv head) pairs
+// (batched decode: hundreds of blocks of one or a few chunks per warp, one block per pair and
+// split), two buffers (64 KB, three blocks an SM) let more blocks overlap their first copies and
+// their merges with each other's streaming: Qwen3-1.7B decode at 16 / 64 / 128 rows 1.91 / 2.25 /
+// 2.87 -> 1.84 / 2.24 / 2.83 ms a step (docs/benchmarks.md, "Batched decode steps"; at 16 rows
+// 384-512 blocks meet a 264-block wave at 3 buffers, 396 at 2). Splits are sized for the
+// 3-buffer wave either way (attention_rows_split), so the batch-1 launch shapes are unchanged.
+int launch_stages(const AttentionParams& p) {
+  const int forced = mma_stages();
+  if (forced != 0) return forced;
+  static const int sm_count = [] {
+    int device = 0, n = 0;
+    XSERV_CUDA_CHECK(cudaGetDevice(&device));
+    XSERV_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return std::max(n, 1);
+  }();
+  return 2 * static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads >= sm_count ? 2 : 3;
 }
 std::int32_t mma_split_keys() noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_SPLIT_KEYS");
@@ -986,7 +1007,7 @@ void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
 
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
-  const int stages = mma_stages();
+  const int stages = launch_stages(p.attn);
   if (stages == 2) launch_mma<D, 2, Fused>(stream, p);
   else if (stages == 3) launch_mma<D, 3, Fused>(stream, p);
   else launch_mma<D, 4, Fused>(stream, p);
@@ -1029,7 +1050,7 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   // Enough rows fill the wave unsplit.
   const bool mma = use_mma();
   const std::int64_t wave =
-      static_cast<std::int64_t>(mma ? mma_blocks_per_sm(head_dim, mma_stages())
+      static_cast<std::int64_t>(mma ? mma_blocks_per_sm(head_dim, mma_stages() ? mma_stages() : 3)
                                     : tiles_blocks_per_sm(head_dim, group)) *
       sm_count;
   const std::int32_t unit = mma ? mma_split_keys() : tile_keys;

@@ -129,7 +129,10 @@ class CudaBackend final : public Backend {
   void transpose(Tensor dst, const Tensor& src) override;
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
-  void synchronize() override { XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    close_profile_range();
+  }
   void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
   void* native_stream() noexcept override { return stream_; }
 
@@ -181,6 +184,8 @@ class CudaBackend final : public Backend {
   // address), and is refused while recording.
   void ensure_scratch(Buffer& buf, std::size_t bytes);
   void clear_graphs() noexcept;
+  // Ends the XSERV_CUDA_PROFILE_REPLAY range that run_graph opened, if one is open.
+  void close_profile_range();
 
   int device_index_;
   std::string name_;
@@ -228,6 +233,7 @@ class CudaBackend final : public Backend {
                               std::int32_t, std::int32_t>;
   std::map<GraphKey, Graph> graphs_;
   bool capturing_ = false;
+  bool profile_open_ = false;  // a profiled replay's range (run_graph) is still open
   // XSERV_CUDA_GEMV=0 sends decode GEMMs to cuBLASLt too (for comparisons).
   bool use_gemv_ = true;
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
@@ -290,6 +296,13 @@ CudaBackend::~CudaBackend() {
   logprobs_device_ = Buffer();
   token_counts_ = Buffer();
   if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::close_profile_range() {
+  if (!profile_open_) return;
+  profile_open_ = false;
+  XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  XSERV_CUDA_CHECK(cudaProfilerStop());
 }
 
 void CudaBackend::clear_graphs() noexcept {
@@ -907,6 +920,7 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
   XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
                                    cudaMemcpyDeviceToHost, stream_));
   XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  close_profile_range();
   std::memcpy(out_ids, h + prm_bytes, static_cast<std::size_t>(rows) * 4);
 }
 
@@ -963,13 +977,16 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
       const char* env = std::getenv("XSERV_CUDA_PROFILE_REPLAY");
       return env ? std::atoi(env) : 0;
     }();
+    // The range stays open through the sampling that follows (sample() or synchronize()
+    // closes it), so the step's lm_head, sampling kernels and copies are in the profile too.
+    close_profile_range();
     const bool profile = ++g.replays == profile_replay;
-    if (profile) XSERV_CUDA_CHECK(cudaProfilerStart());
-    XSERV_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     if (profile) {
       XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      XSERV_CUDA_CHECK(cudaProfilerStop());
+      XSERV_CUDA_CHECK(cudaProfilerStart());
+      profile_open_ = true;
     }
+    XSERV_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     return;
   }
   if (!g.warmed) {

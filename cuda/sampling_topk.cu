@@ -9,11 +9,18 @@
 //
 // Phase 1, grid (blocks_per_row, R), 256 threads: penalties and temperature in place on the
 //   block's chunk of the row (as sample_kernel does), then an 8-pass radix select by count over
-//   the chunk (integer histograms in shared memory) finds the chunk's k-th key; the keys at or
-//   above it go to cand[row][block * k_max ...] (unused slots stay 0, below every real key).
+//   the chunk (integer histograms in shared memory, the digit found by a block scan) finds the
+//   chunk's k-th key; the keys at or above it go to cand[row][block * k_max ...] (unused slots
+//   stay 0, below every real key). Rows with k = 1 (greedy) take one pass and a block max.
+//   Before 2026-12-01 every row ran the 8 passes and thread 0 walked the 256 bins of each pass
+//   alone: a greedy 128-row step over Qwen3's 151936 logits took ~320 us (ncu), ~10% of a
+//   Qwen3-1.7B decode step (docs/benchmarks.md, "Batched decode steps").
 // Phase 2, grid R, 1024 threads: the row's candidates (blocks_per_row * k_max <= 4096 keys) are
 //   sorted descending in shared memory (bitonic), and one thread applies top-k, top-p, min-p and
 //   the draw over at most k keys.
+#include <cstdlib>
+#include <string_view>
+
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -33,11 +40,47 @@ __device__ __forceinline__ int row_k(const SamplingRowParams& p) {
   return p.temperature <= 0.0f ? 1 : p.top_k;
 }
 
+// The digit d (0..255) of a radix-select pass: the largest d whose keys, together with the
+// `above` keys already known to be larger, reach k (bins[d] counts the keys of the current prefix
+// with digit d); writes d and the count of keys above it (above + keys of digits > d). Thread t
+// holds digit 255 - t, so an inclusive scan in thread order sums the digits from the top; exactly
+// one thread sees above + (digits > d) < k <= above + (digits >= d), or d = 0 when no digit
+// above 0 reaches k, as a top-down walk would. Needs blockDim.x == 256.
+__device__ __forceinline__ void select_digit(const unsigned* bins, unsigned above, unsigned k,
+                                             unsigned* warp_totals, int* digit_out,
+                                             unsigned* above_out) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int d = 255 - t;
+  const unsigned mine = bins[d];
+  unsigned incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  unsigned before = 0;
+  for (int w = 0; w < warp; ++w) before += warp_totals[w];
+  incl += before;
+  const unsigned excl = incl - mine;
+  if (above + excl < k && (d == 0 || above + incl >= k)) {
+    *digit_out = d;
+    *above_out = above + excl;
+  }
+}
+
+// Phase 1. Rows with k = 1 (greedy, or top-k 1) need only the chunk's best key: one pass, a
+// block max, and no store back unless penalties or a temperature changed the logit. Other rows
+// run the radix select by count over the adjusted logits.
 __global__ void __launch_bounds__(phase1_threads)
     topk_candidates_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
-                           const std::uint32_t* counts, int k_max, u64* cand) {
+                           const std::uint32_t* counts, int k_max, bool legacy, u64* cand) {
+  static_assert(phase1_threads == 256, "select_digit: one thread per digit");
   __shared__ unsigned bins[256];
-  __shared__ u64 prefix_sh;
+  __shared__ unsigned warp_totals[phase1_threads / 32];
+  __shared__ u64 best_sh[phase1_threads / 32];
+  __shared__ int digit_sh;
   __shared__ unsigned above_sh, n_out;
   const int row = blockIdx.y, blk = blockIdx.x, nblk = gridDim.x;
   const int vocab = static_cast<int>(vocab64);
@@ -47,42 +90,65 @@ __global__ void __launch_bounds__(phase1_threads)
   float* x = logits + static_cast<std::int64_t>(row) * vocab64;
   const std::uint32_t* cnt = prm.use_penalties ? counts + static_cast<std::int64_t>(row) * vocab64 : nullptr;
   const bool greedy = prm.temperature <= 0.0f;
+  const bool changes = cnt != nullptr || !greedy;  // adjusted_logit is the identity otherwise
   u64* out = cand + (static_cast<std::int64_t>(row) * nblk + blk) * k_max;
+  for (int i = threadIdx.x; i < k_max; i += blockDim.x) out[i] = 0ull;
+  const int k = min(row_k(prm), max(end - begin, 0));
+
+  if (k == 1 && !legacy) {
+    u64 best = 0;
+#pragma unroll 4
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const float v = adjusted_logit(x[i], cnt, i, prm, greedy);
+      if (changes) x[i] = v;
+      best = max(best, order_key(v, i));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if ((threadIdx.x & 31) == 0) best_sh[threadIdx.x >> 5] = best;
+    __syncthreads();  // also orders the zero fill above before the store below
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < phase1_threads / 32; ++w) best = max(best, best_sh[w]);
+      out[0] = best;
+    }
+    return;
+  }
 
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     x[i] = adjusted_logit(x[i], cnt, i, prm, greedy);
   }
-  for (int i = threadIdx.x; i < k_max; i += blockDim.x) out[i] = 0ull;
   __syncthreads();
 
-  const int k = min(row_k(prm), max(end - begin, 0));
   u64 floor = 0;
   if (k > 0 && k < end - begin) {
     // The chunk's k-th largest key, one byte at a time from the top.
     u64 prefix = 0, mask = 0;
     unsigned above = 0;
     for (int shift = 56; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) bins[i] = 0;
+      bins[threadIdx.x] = 0;
       __syncthreads();
       for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const u64 key = order_key(x[i], i);
         if ((key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 255], 1u);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
+      if (!legacy) {
+        select_digit(bins, above, static_cast<unsigned>(k), warp_totals, &digit_sh, &above_sh);
+      } else if (threadIdx.x == 0) {  // the walk before 2026-12-01, for comparisons
         unsigned run = above;
         int d = 255;
         for (; d > 0; --d) {
           if (run + bins[d] >= static_cast<unsigned>(k)) break;
           run += bins[d];
         }
-        prefix_sh = prefix | (static_cast<u64>(d) << shift);
+        digit_sh = d;
         above_sh = run;
       }
       __syncthreads();
-      prefix = prefix_sh;
+      prefix |= static_cast<u64>(digit_sh) << shift;
       above = above_sh;
       mask |= 0xFFull << shift;
+      __syncthreads();  // digit_sh / warp_totals are rewritten by the next pass
     }
     floor = prefix;  // keys are unique: exactly k keys are >= it
   }
@@ -175,8 +241,12 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
   int n_pow2 = 1;
   while (n_pow2 < n_cand) n_pow2 <<= 1;
   auto* cand = static_cast<u64*>(candidates);
+  // XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 as before 2026-12-01 (every row through the radix select,
+  // thread 0 walking the bins), for before/after comparisons; read at every call.
+  const char* env = std::getenv("XSERV_CUDA_SAMPLE_LEGACY");
+  const bool legacy = env != nullptr && std::string_view(env) == "1";
   topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
-                           stream>>>(logits, vocab, params, counts, k_max, cand);
+                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand);
   XSERV_CUDA_LAUNCH_CHECK();
   const std::size_t smem = static_cast<std::size_t>(n_pow2) * sizeof(u64);
   static_assert(sample_topk_max_candidates * sizeof(u64) <= 48 * 1024, "phase 2 fits default smem");

@@ -54,6 +54,13 @@
 #                                       bytes of one decode step (ncu). VARIANTS="stages2 ..." adds
 #                                       tuning runs after 16k/4k (XSERV_CUDA_ATTN_STAGES / _SPLIT_KEYS),
 #                                       B1_VARIANTS="fuseqk ..." to the 0.6B/1.7B batch-1 runs
+#   scripts/cuda_device_run.sh serveprof  batched decode (issue 10): step times and serving at
+#                                       16/64/128 of Qwen3-1.7B and 8B, ncu tables of one step
+#                                       per batch size with its sampling (scripts/ncu_steps.py)
+#   scripts/cuda_device_run.sh batched  sampling/engine tests (memcheck over the sampling
+#                                       tests), then Qwen3-1.7B and 8B serving and decode at
+#                                       16/64/128 with the sampling as before (XSERV_CUDA_SAMPLE_
+#                                       LEGACY=1) and after, VARIANTS of 1.7B, ncu of the sampling
 #   scripts/cuda_device_run.sh profile [cuda] tests, then per-kernel times (ncu, scripts/
 #                                       ncu_table.py) of one graph-replayed decode step at 16/64/
 #                                       128 rows (Qwen3-8B, 1.7B; dummy weights)
@@ -424,6 +431,89 @@ elif [ "$stage" = profile ]; then
     ncu_step bench/configs/qwen3-1.7b.json 128 ncu_17b_128
   } 2>&1 | tee "$OUT/ncu.txt"
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
+elif [ "$stage" = serveprof ]; then
+  # Issue 10: where a batched decode step goes. Step time (generate_bench) and serving figures
+  # (serve_bench, with the decode-only steps' share of the wall time on stderr) of Qwen3-1.7B and
+  # 8B at 16/64/128, opt-in variants of 1.7B serving (SERVE_VARIANTS="ENV=V ..."), then ncu
+  # per-kernel tables of one graph-replayed step at each batch size, sampling included
+  # (scripts/ncu_steps.py). SKIP_TESTS=0 runs the [cuda] tests first; MODELS picks the models.
+  [ "${SKIP_TESTS:-1}" = 1 ] || run_cuda_tests 150
+  mkdir -p /tmp/ncu
+  {
+    for m in ${MODELS:-qwen3-1.7b}; do
+      echo "== $m: generate_bench decode at 16/64/128 rows, serve_bench 16/64/128 at once"
+      timeout 90 "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1 2>&1 | grep -E "^\| [0-9]|rror"
+      timeout 90 "$bin/serve_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall"
+    done
+    for v in ${SERVE_VARIANTS:-}; do
+      echo "-- qwen3-1.7b serve_bench with $v"
+      env "$v" timeout 60 "$bin/serve_bench" --dummy-weights --config bench/configs/qwen3-1.7b.json \
+        --device cuda --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall"
+    done
+  } 2>&1 | tee "$OUT/steps.txt"
+  for m in ${NCU_MODELS:-qwen3-1.7b qwen3-8b}; do
+    echo "== ncu: one decode step (and its sampling) of $m at 16/64/128 rows"
+    XSERV_CUDA_PROFILE_REPLAY=3 timeout 200 ncu --clock-control none --cache-control none \
+      --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+      "$bin/generate_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+      --batch 16,64,128 --prompt-len 128 --gen-len 8 --repeat 1 >"/tmp/ncu/$m.csv" 2>&1
+    python3 scripts/ncu_steps.py "/tmp/ncu/$m.csv" "${LAYER_KERNELS:-16}" >"$OUT/ncu_$m.txt" 2>&1 ||
+      tail -5 "/tmp/ncu/$m.csv"
+    grep -E "^===" "$OUT/ncu_$m.txt"
+  done
+  tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
+elif [ "$stage" = batched ]; then
+  # Issue 10, batched decode: the sampling tests (memcheck over the new one), then before
+  # (BEFORE_ENV, default XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 of the split-row sampling as before)
+  # and after, same build: generate_bench (GB_MODELS) and serve_bench (MODELS) at 16/64/128,
+  # serving with the defaults alone (AFTER_MODELS), variants of 1.7B's decode (VARIANTS="ENV=V
+  # ..."), the sampling kernels of one 128-row step (ncu, NCU_SIDES; NCU=0: none).
+  echo "== sampling and engine tests"
+  timeout 120 "$bin/xserv_tests" "${TEST_SPEC:-cuda sample*,cuda logprobs*,cuda engine*}" >"$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -12
+  sanitize "${SANITIZE_SPEC:-cuda sample, many greedy*,cuda sample, split-row*}" sanitizer.txt
+  before_env=${BEFORE_ENV:-XSERV_CUDA_SAMPLE_LEGACY=1}
+  ab() {  # binary, model, args...: before, after
+    for side in before after; do
+      printf -- "-- %s %s %s: " "$1" "$2" "$side"
+      if [ $side = before ]; then e=$before_env; else e=XSERV_CUDA_NOTHING=1; fi
+      env $e timeout 120 "$bin/$1" --dummy-weights --config bench/configs/$2.json --device cuda "${@:3}" 2>&1 |
+        grep -E "^\| [0-9]|rror|wall" | tr '\n' ' '; echo
+    done
+  }
+  {
+    for m in ${GB_MODELS:-qwen3-1.7b}; do
+      ab generate_bench $m --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1
+    done
+    for m in ${MODELS-qwen3-1.7b qwen3-8b}; do
+      ab serve_bench $m --concurrency 16,64,128 --max-batch-tokens 2048
+    done
+    for m in ${AFTER_MODELS:-}; do  # serving, current defaults only
+      printf -- "-- serve_bench %s: " "$m"
+      timeout 120 "$bin/serve_bench" --dummy-weights --config bench/configs/$m.json --device cuda \
+        --concurrency 16,64,128 --max-batch-tokens 2048 2>&1 | grep -E "^\| [0-9]|rror|wall" | tr '\n' ' '; echo
+    done
+    for v in ${VARIANTS:-}; do
+      printf -- "-- generate_bench qwen3-1.7b %s: " "$v"
+      env "$v" timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-1.7b.json \
+        --device cuda --batch 16,64,128 --prompt-len 128 --gen-len 64 --repeat 1 2>&1 |
+        grep -E "^\| [0-9]|rror" | tr '\n' ' '; echo
+    done
+  } 2>&1 | tee "$OUT/ab.txt"
+  if [ "${NCU:-1}" = 1 ]; then
+    mkdir -p /tmp/ncu
+    for side in ${NCU_SIDES:-before after}; do
+      if [ $side = before ]; then e=XSERV_CUDA_SAMPLE_LEGACY=1; else e=XSERV_CUDA_NOTHING=1; fi
+      echo "== ncu: sampling kernels of one 128-row Qwen3-1.7B step, $side"
+      env $e XSERV_CUDA_PROFILE_REPLAY=3 timeout 90 ncu --clock-control none --cache-control none \
+        --profile-from-start off -k regex:topk --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+        "$bin/generate_bench" --dummy-weights --config bench/configs/qwen3-1.7b.json --device cuda \
+        --batch 128 --prompt-len 128 --gen-len 8 --repeat 1 >"/tmp/ncu/topk_$side.csv" 2>&1
+      python3 scripts/ncu_table.py "/tmp/ncu/topk_$side.csv" || tail -5 "/tmp/ncu/topk_$side.csv"
+    done 2>&1 | tee "$OUT/ncu_topk.txt"
+  fi
 elif [ "$stage" = check ]; then
   run_cuda_tests 150
   sanitize "cuda embedding*,cuda layer_norm*,cuda gelu*,cuda run_graph*,cuda sample matches*,cuda qk_transform_store*" sanitizer.txt

@@ -237,6 +237,8 @@ void Engine::publish_stats() {
   s.generated_tokens = generated_tokens_;
   s.host_seconds = host_seconds_;
   s.forward_seconds = forward_seconds_;
+  s.decode_steps = decode_steps_;
+  s.decode_forward_seconds = decode_forward_seconds_;
   std::lock_guard lock(stats_mutex_);
   stats_ = s;
 }
@@ -435,6 +437,10 @@ std::size_t Engine::step_locked() {
     }
   }
   forward_seconds_ += forward;
+  if (out.num_prompt_tokens == 0) {
+    ++decode_steps_;
+    decode_forward_seconds_ += forward;
+  }
   const std::size_t n = deliver(events, sinks);
   // The host share includes the delivery of this step's events (callbacks included).
   host_seconds_ += std::chrono::duration<double>(Clock::now() - start).count() - forward;

@@ -74,6 +74,10 @@ struct EngineStats {
   // delivery) and the forward (upload, model, sampling, the wait for the ids).
   double host_seconds = 0;
   double forward_seconds = 0;
+  // The pure decode steps among them (no prompt tokens) and their forward time: a serving
+  // run's wall time is these plus the steps that carry prefill chunks.
+  std::uint64_t decode_steps = 0;
+  double decode_forward_seconds = 0;
   double prefix_hit_rate() const noexcept {
     return prefix_queries ? static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries) : 0.0;
   }
@@ -144,6 +148,8 @@ class Engine {
   std::uint64_t arrivals_ = 0;
   std::uint64_t steps_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0;
   double host_seconds_ = 0, forward_seconds_ = 0;
+  std::uint64_t decode_steps_ = 0;
+  double decode_forward_seconds_ = 0;
   // Callbacks of requests that ended in this step, kept alive until their events are delivered.
   std::vector<std::unique_ptr<Request>> retired_;
 

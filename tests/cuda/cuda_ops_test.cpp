@@ -674,11 +674,12 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
 
 // The bf16 decode kernels against the CPU backend's attention over the same bf16 q and cache
 // (run_attention_case's exact_inputs: 1e-2 absolute + 1e-2 relative; both round P to bf16):
-// the mma kernel at 3 (default), 2 and 4 chunk buffers a warp and with 16- or 64-key split
-// units, and the tile kernel it replaced (XSERV_CUDA_ATTN_MMA=0). Contexts around the 16-key
-// chunks, the 64 keys of a block's four warps and the split sizes; batches whose short rows
-// leave most splits empty (the in-kernel merge skips them) and rows of different lengths; 40
-// rows (one split each at 8 kv heads); one 16500-key row over 2 kv heads (256 splits merged by
+// the mma kernel at its per-launch ring depth (the default: 3 chunk buffers a warp for few rows,
+// 2 for batches) and at 3, 2 and 4 forced, with 16- or 64-key split units, and the tile kernel
+// it replaced (XSERV_CUDA_ATTN_MMA=0). Contexts around the 16-key chunks, the 64 keys of a
+// block's four warps and the split sizes; batches whose short rows leave most splits empty (the
+// in-kernel merge skips them) and rows of different lengths; 40 rows (one split each at 8 kv
+// heads); one 16500-key row over 2 kv heads (256 splits merged by
 // the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
 // chunk straddles blocks); and the mma kernel with the q/k prologue folded in
 // (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention).
@@ -703,8 +704,10 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   struct Kernel {
     const char *mma, *stages, *split_keys, *fuse_qk;
   };
-  const Kernel kernels[] = {{"1", "3", "64", "0"}, {"1", "2", "16", "0"}, {"1", "4", "64", "0"},
-                            {"0", "3", "64", "0"}, {"1", "3", "64", "1"}, {"1", "2", "16", "1"}};
+  // stages nullptr: unset, the per-launch choice (3 buffers for few rows, 2 for batches).
+  const Kernel kernels[] = {{"1", nullptr, "64", "0"}, {"1", "3", "64", "0"}, {"1", "2", "16", "0"},
+                            {"1", "4", "64", "0"},     {"0", "3", "64", "0"}, {"1", nullptr, "64", "1"},
+                            {"1", "2", "16", "1"}};
   for (const auto& k : kernels) {
     const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all four read at every call
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
@@ -713,8 +716,8 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
     const bool fused = std::string_view(k.fuse_qk) == "1";
     for (const auto& c : cases) {
       for (std::int32_t bs : {16, 5}) {
-        INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << k.stages << " SPLIT_KEYS="
-                                    << k.split_keys << " FUSE_QK=" << k.fuse_qk << " heads "
+        INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << (k.stages ? k.stages : "unset")
+                                    << " SPLIT_KEYS=" << k.split_keys << " FUSE_QK=" << k.fuse_qk << " heads "
                                     << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
                                     << c.geom.head_dim << " rows " << c.seqs->size()
                                     << " last context " << c.seqs->back().second << " block " << bs);

@@ -106,6 +106,62 @@ TEST_CASE("cuda sample, split-row top-k path, matches the CPU backend", "[cuda]"
   }
 }
 
+// A batched decode step's sampling: many rows, mostly greedy (the one-pass block max of the
+// split path) beside Qwen3's top-k 20 rows (the radix select), with penalties on some, the row's
+// best logit tied at two ids (the lower id wins, as on the CPU) and placed in different blocks'
+// chunks. Greedy rows without penalties must leave their logits untouched; rows with a
+// temperature hold logit / temperature afterwards (the documented in-place change).
+TEST_CASE("cuda sample of many greedy and top-k rows matches the CPU backend", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(15);
+  for (std::int64_t vocab : {37, 1000, 151936}) {
+    for (std::int64_t rows : {1, 13, 130}) {
+      SamplingBatch sb;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto s = static_cast<std::uint64_t>(r);
+        if (r % 5 == 3) sb.rows.push_back(row_of(0.6f, 20, 0.95f, 0.0f, s));  // Qwen3's defaults
+        else if (r % 7 == 5) sb.rows.push_back(row_of(1.3f, 1, 1.0f, 0.0f, s));  // top-k 1
+        else sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, s));  // greedy
+      }
+      for (std::size_t r = 0; r < sb.rows.size(); r += 4) sb.rows[r].repetition_penalty = 1.3f;
+      add_histories(sb, vocab);
+      INFO("vocab " << vocab << " rows " << rows);
+      auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* x = logits.data() + r * vocab;
+        const std::int64_t at = (r * 7919) % vocab, twin = (at + vocab / 2 + 1) % vocab;
+        x[at] = 20.0f;
+        if (r % 2 == 0) x[twin] = 20.0f;  // a tie: the lower of the two ids is the greedy pick
+      }
+      auto cl = logits;
+      std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+      be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+      Tensor gl = be.gpu_tensor(logits, DType::f32, {rows, vocab});
+      be.gpu->sample(gl, sb, got.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        INFO("row " << r << " temperature " << sb.rows[static_cast<std::size_t>(r)].temperature
+                    << " top_k " << sb.rows[static_cast<std::size_t>(r)].top_k);
+        REQUIRE(got[static_cast<std::size_t>(r)] == want[static_cast<std::size_t>(r)]);
+      }
+      const std::vector<float> after = be.read(gl);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const SamplingRow& sr = sb.rows[static_cast<std::size_t>(r)];
+        if (sr.repetition_penalty != 1.0f) continue;  // penalised rows: covered by the ids
+        const bool greedy = sr.temperature <= 0.0f;
+        for (std::int64_t i = 0; i < vocab; ++i) {
+          const float x = logits[static_cast<std::size_t>(r * vocab + i)];
+          const float expect = greedy ? x : x / sr.temperature;
+          if (after[static_cast<std::size_t>(r * vocab + i)] != expect) {
+            INFO("row " << r << " id " << i << " temperature " << sr.temperature);
+            REQUIRE(after[static_cast<std::size_t>(r * vocab + i)] == expect);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Batches with a row past the split path (no top-k, or top-k > 1024) take the many-blocks-per-row
 // radix select (sampling.cu): every filter combination, flat rows where top-p keeps most of the
 // vocabulary (the select then narrows over many passes), ties, penalties and one-block vocabs.

@@ -167,6 +167,11 @@ void check_staggered_equal_alone(Fixture& f, const EngineOptions& options, bool 
   CHECK(s.kv_blocks_used == 0);
   CHECK(s.running == 0);
   CHECK(s.waiting == 0);
+  // Steps carrying prompt chunks and pure decode steps both happened; the latter are a part.
+  CHECK(s.decode_steps > 0);
+  CHECK(s.decode_steps < s.steps);
+  CHECK(s.decode_forward_seconds > 0.0);
+  CHECK(s.decode_forward_seconds <= s.forward_seconds);
 }
 
 }  // namespace
