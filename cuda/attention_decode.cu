@@ -956,6 +956,16 @@ std::int32_t mma_split_keys() noexcept {
   return v >= chunk_keys && v % chunk_keys == 0 ? v : 64;
 }
 
+// The fewest keys a split of the register kernel holds (XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS, a
+// multiple of 16, default 16: one pass of a block's warps), read at every call. Fewer, longer
+// splits make the in-kernel merge shorter (GPT-2 f32 decode: ~22 splits of 16 keys at a
+// 256-key bucket).
+std::int32_t rows_split_keys() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS");
+  const int v = env ? std::atoi(env) : 16;
+  return v >= 16 && v % 16 == 0 ? v : 16;
+}
+
 // The largest dynamic shared memory a launch of the mma kernel asks for: its rings, or the merge
 // of max_splits splits of 8 heads.
 template <int D, int Stages>
@@ -1038,10 +1048,10 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   };
   if (!use_tiles(dt, head_dim)) {
     // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
-    // pass of a block's warps).
+    // pass of a block's warps; rows_split_keys).
     return sized(context_bucket,
                  std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads),
-                 16);
+                 rows_split_keys());
   }
   // The tile and mma kernels: one full wave of resident blocks holding keys. The longest
   // context is more than half its bucket, so splits sized to give that wave at half the bucket
