@@ -957,13 +957,16 @@ std::int32_t mma_split_keys() noexcept {
 }
 
 // The fewest keys a split of the register kernel holds (XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS, a
-// multiple of 16, default 16: one pass of a block's warps), read at every call. Fewer, longer
-// splits make the in-kernel merge shorter (GPT-2 f32 decode: ~22 splits of 16 keys at a
-// 256-key bucket).
+// multiple of 16), read at every call. 32 (two passes of a block's warps) rather than 16: fewer
+// splits make the last block's merge shorter, and GPT-2 f32 decode at batch 1 measured 2717 /
+// 2727 -> 2825 / 2799 tok/s after 128 tokens and 2458 / 2416 -> 2501 / 2534 after 1000
+// (64 keys: 2777 / 2764 and 2526 / 2525; 128: slower; docs/benchmarks.md, "GPT-2 decode launch
+// shapes").
+constexpr int default_rows_split_keys = 32;
 std::int32_t rows_split_keys() noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS");
-  const int v = env ? std::atoi(env) : 16;
-  return v >= 16 && v % 16 == 0 ? v : 16;
+  const int v = env ? std::atoi(env) : default_rows_split_keys;
+  return v >= 16 && v % 16 == 0 ? v : default_rows_split_keys;
 }
 
 // The largest dynamic shared memory a launch of the mma kernel asks for: its rings, or the merge
@@ -1047,8 +1050,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
     return AttentionSplit{(context_bucket + size - 1) / size, size};
   };
   if (!use_tiles(dt, head_dim)) {
-    // The register kernel: about two blocks per SM (its occupancy), splits down to 16 keys (one
-    // pass of a block's warps; rows_split_keys).
+    // The register kernel: about two blocks per SM (its occupancy), splits down to
+    // rows_split_keys keys.
     return sized(context_bucket,
                  std::max<std::int64_t>(1, (2 * sm_count + rows_x_kv_heads - 1) / rows_x_kv_heads),
                  rows_split_keys());

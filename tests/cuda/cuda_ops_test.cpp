@@ -728,14 +728,19 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
     }
   }
   // f32 (GPT-2) and bf16 head dims other than 64 and 128 take the register kernel: its splits
-  // merged by its last block (default) and by the merge kernel after it.
-  for (const char* merge_kernel : {"0", "1"}) {
+  // merged by its last block (default) and by the merge kernel after it, at the default split
+  // size (32 keys at least) and at 16 (twice the splits: more of them past the in-kernel merge's
+  // limit of 64).
+  const char* const merge_and_split[][2] = {{"0", nullptr}, {"1", nullptr}, {"0", "16"}, {"1", "16"}};
+  for (const auto& [merge_kernel, rows_split] : merge_and_split) {
     const ScopedEnv env_merge("XSERV_CUDA_ATTN_MERGE_KERNEL", merge_kernel);
+    const ScopedEnv env_rows_split("XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS", rows_split);  // read at every call
     for (const auto& c : cases) {
       if (c.seqs == &one_long) continue;
-      INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " f32 heads " << c.geom.n_q_heads << "/"
-                                           << c.geom.n_kv_heads << " d " << c.geom.head_dim << " rows "
-                                           << c.seqs->size());
+      INFO("XSERV_CUDA_ATTN_MERGE_KERNEL=" << merge_kernel << " ROWS_SPLIT_KEYS="
+                                           << (rows_split ? rows_split : "unset") << " f32 heads "
+                                           << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
+                                           << c.geom.head_dim << " rows " << c.seqs->size());
       run_attention_case(be, rng, DType::f32, {c.geom, true, true, *c.seqs}, 16, false, true);
       // GPT-2's qk_attention (no norm, no RoPE): decode rows write k/v inside the attention.
       run_attention_case(be, rng, DType::f32, {c.geom, false, false, *c.seqs}, 5, true, false);
