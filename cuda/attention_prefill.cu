@@ -1,11 +1,12 @@
-// Paged prefill attention on tensor cores (bf16 activations, head_dim 64 or 128).
+// Paged prefill attention, head_dim 64 or 128: on tensor cores for bf16 activations, on CUDA
+// cores for f32 (GPT-2).
 // Computes, for each sequence's new rows, out[t, h, :] = softmax(scale * q[t, h] . K[0..pos_t]) V
 // with K/V read straight from the paged cache [num_blocks, block_size, n_kv_heads, head_dim]
 // through the block table (grouped-query: q head h reads kv head h / (n_q / n_kv)); varlen by
 // query_start, causal by position (pos_t = context_len - query_len + local row), so a chunk of a
 // long prompt attends to the cached prefix as well as to itself.
 //
-// Two kernels with that contract; launch_attention_prefill picks one per call:
+// Two bf16 kernels with that contract; launch_attention_prefill picks one per call:
 // - the mma kernel (default), FlashAttention-2 style: mma.sync m16n8k16 (bf16 in, f32
 //   accumulate) fed by ldmatrix from XOR-swizzled shared tiles; Q fragments, the scores, the
 //   online softmax and the O accumulator stay in registers; K/V tiles of 64 keys double-buffered
@@ -13,6 +14,9 @@
 //   past a warp's rows skipped. Described at the kernel.
 // - the wmma kernel (XSERV_CUDA_PREFILL_MMA=0, for A/B comparisons): S and the f32 O round-trip
 //   through shared memory (~101 KB a block at head_dim 128).
+// f32 activations take a third kernel with the same contract (CUDA cores, f32 throughout: 16-row
+// blocks, 32-key tiles), described at the kernel; XSERV_CUDA_PREFILL_F32=0 sends them back to the
+// decode kernel once per row (attention_decode.cu).
 #include <mma.h>
 
 #include <cstdlib>
@@ -518,6 +522,278 @@ void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
   else launch_mma<D, 6, 2>(stream, p);
 }
 
+// ---- f32 kernel ------------------------------------------------------------------------------
+// f32 activations (GPT-2) on CUDA cores: f32 in, f32 products and sums, no tensor cores (TF32
+// would round q and k to 10-bit mantissas). Launch: grid (n_q_heads, ceil(max_query_len / Rows),
+// num_seqs), 128 threads; a block owns Rows = 16 x R query rows of one head (R = 1 by default,
+// XSERV_CUDA_PREFILL_F32_ROWS=32 for R = 2) and walks the key tiles of 32 from key 0 to its last
+// row, the K and V tiles double-buffered in shared memory with cp.async through the block table
+// (keys past the block's last row zero-filled). Heads vary fastest and row tiles go last-first,
+// as in the mma kernel. Before, f32 prefill ran the decode kernel once per query row, each row
+// reading all of its K/V from L2 again; here each K/V element read serves Rows rows.
+//
+// Warp w owns rows 4Rw .. 4Rw + 4R - 1; lane = 8 g + c holds rows 4Rw + g + 4i (i < R), and
+// - scores: keys c, c + 8, c + 16, c + 24 of the tile for each of its rows, a dot product over D
+//   in float4 steps (Q staged once, pre-scaled by scale * log2(e)); the 8 lanes of a row sit
+//   side by side (the row max and sum are three shuffles);
+// - online softmax in base 2: p = 2^(s - m) with the running max m per row, written to the
+//   warp's rows of a shared P tile (only the owning warp reads them back: __syncwarp);
+// - P V: the lane owns columns 4c + 32j (float4 pieces, j < D / 32) of its rows; each float4 of V
+//   it reads serves its R rows, P is read four keys at a time.
+// Shared rows are padded by 4 floats: the float4 of key c + 8j at column d lies 4 banks after
+// key c - 1's, so the 8 keys (K) or 8 column pieces (V) a quarter warp reads are conflict-free
+// and the warp's other row groups read the same addresses (broadcast).
+//
+// Every row attends to key 0, and tile 0 is used by every row, so each row's max is finite from
+// the first tile on: no -inf - -inf. Rows past the sequence compute on zero q with the block's
+// last row's mask and are not stored.
+constexpr int f32_keys = 32, f32_threads = 128;
+
+template <int D, int R>
+struct F32Layout {
+  static constexpr int rows = 16 * R;
+  static constexpr int ld = D + 4;             // floats per Q, K and V row
+  static constexpr int ldp = f32_keys + 4;     // floats per P row
+  static constexpr int q_floats = rows * ld;
+  static constexpr int p_floats = rows * ldp;
+  static constexpr int tile_floats = f32_keys * ld;  // one K or V tile
+  // Q + P + two stages of K + V: 41 KB at D = 64, R = 1; 78 KB at D = 128, R = 1.
+  static constexpr int bytes = (q_floats + p_floats + 4 * tile_floats) * 4;
+};
+
+// Copies key tile `tile` (keys tile * 32 ..) of kv head kvh: thread t moves float4 piece
+// t % (D / 4) of keys t / (D / 4), + 128 / (D / 4), ...; keys past last_key are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_f32_kv_tile(const AttentionParams& p, const std::int32_t* table,
+                                                 int kvh, int tile, int last_key, float* sk,
+                                                 float* sv) {
+  constexpr int chunks = D / 4, keys_per_pass = f32_threads / chunks, ld = D + 4;
+  const float* kc = static_cast<const float*>(p.k_cache);
+  const float* vc = static_cast<const float*>(p.v_cache);
+  const int c = threadIdx.x % chunks;
+  const int bs = p.block_size, shift = __ffs(bs) - 1;  // as load_kv_tile: shifts for 2^n blocks
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  const std::int64_t row_elems = static_cast<std::int64_t>(p.n_kv_heads) * D;
+#pragma unroll
+  for (int r = threadIdx.x / chunks; r < f32_keys; r += keys_per_pass) {
+    const int key = tile * f32_keys + r;
+    const bool ok = key <= last_key;
+    std::int64_t off = 0;
+    if (ok) {
+      const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
+      off = (static_cast<std::int64_t>(table[blk]) * bs + in_blk) * row_elems + kvh * D + c * 4;
+    }
+    copy_async16_zfill(sk + r * ld + c * 4, kc + off, ok);
+    copy_async16_zfill(sv + r * ld + c * 4, vc + off, ok);
+  }
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+template <int D, int R>
+__global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(const AttentionParams p) {
+  using Lay = F32Layout<D, R>;
+  constexpr int rows = Lay::rows, ld = Lay::ld, ldp = Lay::ldp, chunks = D / 4, dj = D / 32;
+  extern __shared__ __align__(128) unsigned char f32_smem_raw[];
+  float* sq = reinterpret_cast<float*>(f32_smem_raw);
+  float* sp = sq + Lay::q_floats;
+  float* skv = sp + Lay::p_floats;  // stage s: K at 2 s tile_floats, V after it
+
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int q0 = p.query_start[seq];
+  const int q_len = p.query_start[seq + 1] - q0;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * rows;
+  if (row0 >= q_len) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int first_pos = p.context_lens[seq] - q_len;  // position of the sequence's first new row
+  const int rows_here = min(rows, q_len - row0);
+  const int kvh = h / (p.n_q_heads / p.n_kv_heads);
+  const int last_key = first_pos + row0 + rows_here - 1;
+  const int n_tiles = last_key / f32_keys + 1;
+  const std::int32_t* table =
+      p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+
+  // K/V tile 0 in flight while Q is staged (scaled, so the scores come out in base-2 units).
+  load_f32_kv_tile<D>(p, table, kvh, 0, last_key, skv, skv + Lay::tile_floats);
+  copy_async_commit();
+  {
+    const float* qkv = static_cast<const float*>(p.qkv);
+    const float qscale = p.scale * 1.4426950408889634f;
+    for (int i = tid; i < rows * chunks; i += f32_threads) {
+      const int r = i / chunks, c = i % chunks;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < rows_here) {
+        v = *reinterpret_cast<const float4*>(
+            qkv + static_cast<std::int64_t>(q0 + row0 + r) * p.qkv_stride + h * D + c * 4);
+        v.x *= qscale;
+        v.y *= qscale;
+        v.z *= qscale;
+        v.w *= qscale;
+      }
+      *reinterpret_cast<float4*>(sq + r * ld + c * 4) = v;
+    }
+  }
+
+  const int g = lane >> 3, c = lane & 7;
+  const int warp_row0 = warp * 4 * R;
+  const bool warp_active = warp_row0 < rows_here;
+  const int warp_last_pos = first_pos + row0 + min(warp_row0 + 4 * R - 1, rows_here - 1);
+  int r_of[R], pos_of[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    r_of[i] = warp_row0 + g + 4 * i;
+    pos_of[i] = min(first_pos + row0 + r_of[i], last_key);
+  }
+  const int block_first_pos = first_pos + row0;
+  float o[R][dj][4], m[R], l[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    m[i] = -CUDART_INF_F;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < dj; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+  }
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      float* next = skv + ((t + 1) & 1) * 2 * Lay::tile_floats;
+      load_f32_kv_tile<D>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_floats);
+    }
+    copy_async_commit();   // possibly empty: one group per tile
+    copy_async_wait<1>();  // tile t has landed
+    __syncthreads();       // for every thread (and Q, before the first tile)
+    const int key0 = t * f32_keys;
+    if (warp_active && key0 <= warp_last_pos) {
+      const float* sk = skv + (t & 1) * 2 * Lay::tile_floats;
+      const float* sv = sk + Lay::tile_floats;
+      float s[R][4];
+#pragma unroll
+      for (int i = 0; i < R; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < D; d += 4) {
+        float4 q[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) q[i] = *reinterpret_cast<const float4*>(sq + r_of[i] * ld + d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float4 k = *reinterpret_cast<const float4*>(sk + (c + 8 * j) * ld + d);
+#pragma unroll
+          for (int i = 0; i < R; ++i) s[i][j] = dot4(q[i], k, s[i][j]);
+        }
+      }
+      // Keys above a row's diagonal (and the zero-filled tail past the block's last row).
+      if (key0 + f32_keys - 1 > block_first_pos) {
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (key0 + c + 8 * j > pos_of[i]) s[i][j] = -CUDART_INF_F;
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float mx = fmaxf(fmaxf(s[i][0], s[i][1]), fmaxf(s[i][2], s[i][3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        const float m_new = fmaxf(m[i], mx);  // finite: see the kernel's comment
+        const float alpha = exp2f(m[i] - m_new);  // 0 at the first tile
+        m[i] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float pj = exp2f(s[i][j] - m_new);
+          sp[r_of[i] * ldp + c + 8 * j] = pj;
+          sum += pj;
+        }
+        l[i] = l[i] * alpha + sum;  // this lane's keys only; the row's 8 lanes add up at the end
+#pragma unroll
+        for (int j = 0; j < dj; ++j) {
+          o[i][j][0] *= alpha;
+          o[i][j][1] *= alpha;
+          o[i][j][2] *= alpha;
+          o[i][j][3] *= alpha;
+        }
+      }
+      __syncwarp();  // the warp's P rows are written
+#pragma unroll 2
+      for (int k = 0; k < f32_keys; k += 4) {
+        float4 pk[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) pk[i] = *reinterpret_cast<const float4*>(sp + r_of[i] * ldp + k);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int j = 0; j < dj; ++j) {
+            const float4 v = *reinterpret_cast<const float4*>(sv + (k + kk) * ld + j * 32 + c * 4);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              const float w = kk == 0 ? pk[i].x : kk == 1 ? pk[i].y : kk == 2 ? pk[i].z : pk[i].w;
+              o[i][j][0] = fmaf(w, v.x, o[i][j][0]);
+              o[i][j][1] = fmaf(w, v.y, o[i][j][1]);
+              o[i][j][2] = fmaf(w, v.z, o[i][j][2]);
+              o[i][j][3] = fmaf(w, v.w, o[i][j][3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage t & 1 (and P) before tile t + 2 replaces it
+  }
+  copy_async_wait<0>();
+
+  if (!warp_active) return;
+  const std::int64_t row_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+  float* out = static_cast<float*>(p.out) + static_cast<std::int64_t>(q0 + row0) * row_stride + h * D;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float sum = l[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    const float inv = 1.0f / sum;  // >= 1: the row's max term is 2^0
+    if (r_of[i] >= rows_here) continue;
+#pragma unroll
+    for (int j = 0; j < dj; ++j)
+      *reinterpret_cast<float4*>(out + r_of[i] * row_stride + j * 32 + c * 4) =
+          make_float4(o[i][j][0] * inv, o[i][j][1] * inv, o[i][j][2] * inv, o[i][j][3] * inv);
+  }
+}
+
+template <int D, int R>
+void launch_f32(cudaStream_t stream, const AttentionParams& p) {
+  static const bool configured = [] {
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_f32_kernel<D, R>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          F32Layout<D, R>::bytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, F32Layout<D, R>::rows), p.num_seqs);
+  attention_prefill_f32_kernel<D, R><<<grid, f32_threads, F32Layout<D, R>::bytes, stream>>>(p);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+// XSERV_CUDA_PREFILL_F32_ROWS (tuning): 16 (default) or 32 query rows a block, read at every
+// launch.
+template <int D>
+void launch_f32_rows(cudaStream_t stream, const AttentionParams& p) {
+  const char* env = std::getenv("XSERV_CUDA_PREFILL_F32_ROWS");
+  if (env != nullptr && std::string_view(env) == "32") launch_f32<D, 2>(stream, p);
+  else launch_f32<D, 1>(stream, p);
+}
+
+// XSERV_CUDA_PREFILL_F32=0 sends f32 prefill back to the decode kernel run once per query row
+// (launch_attention_rows), for A/B comparisons; read at every call, as prefill_mma_enabled.
+bool prefill_f32_enabled() {
+  const char* env = std::getenv("XSERV_CUDA_PREFILL_F32");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
 // XSERV_CUDA_PREFILL_MMA=0 selects the wmma kernel; read at every launch (a prefill's kernels
 // run for milliseconds), so tests can compare both kernels in one process.
 bool prefill_mma_enabled() {
@@ -528,12 +804,16 @@ bool prefill_mma_enabled() {
 }  // namespace
 
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
-  return dt == DType::bf16 && (head_dim == 64 || head_dim == 128);
+  if (head_dim != 64 && head_dim != 128) return false;
+  return dt == DType::bf16 || (dt == DType::f32 && prefill_f32_enabled());
 }
 
-void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p) {
+void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0 || p.max_query_len == 0) return;
-  if (prefill_mma_enabled()) {
+  if (dt == DType::f32) {
+    if (p.head_dim == 64) launch_f32_rows<64>(stream, p);
+    else launch_f32_rows<128>(stream, p);
+  } else if (prefill_mma_enabled()) {
     if (p.head_dim == 64) launch_mma_warps<64>(stream, p);
     else launch_mma_warps<128>(stream, p);
   } else {
