@@ -1,5 +1,5 @@
-// Paged prefill attention, head_dim 64 or 128: on tensor cores for bf16 activations, on CUDA
-// cores for f32 (GPT-2).
+// Paged prefill attention: on tensor cores for bf16 activations (head_dim 64 or 128), on CUDA
+// cores for f32 (GPT-2; head_dim 16, 32, 64 or 128).
 // Computes, for each sequence's new rows, out[t, h, :] = softmax(scale * q[t, h] . K[0..pos_t]) V
 // with K/V read straight from the paged cache [num_blocks, block_size, n_kv_heads, head_dim]
 // through the block table (grouped-query: q head h reads kv head h / (n_q / n_kv)); varlen by
@@ -539,7 +539,8 @@ void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
 // - online softmax in base 2: p = 2^(s - m) with the running max m per row, written to the
 //   warp's rows of a shared P tile (only the owning warp reads them back: __syncwarp);
 // - P V: the lane owns columns 4c + 32j (float4 pieces, j < D / 32) of its rows; each float4 of V
-//   it reads serves its R rows, P is read four keys at a time.
+//   it reads serves its R rows, P is read four keys at a time. At D = 16 (test fixtures) lanes
+//   c < 4 own the four pieces and the others idle in this step.
 // Shared rows are padded by 4 floats: the float4 of key c + 8j at column d lies 4 banks after
 // key c - 1's, so the 8 keys (K) or 8 column pieces (V) a quarter warp reads are conflict-free
 // and the warp's other row groups read the same addresses (broadcast).
@@ -598,7 +599,8 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
 template <int D, int R>
 __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(const AttentionParams p) {
   using Lay = F32Layout<D, R>;
-  constexpr int rows = Lay::rows, ld = Lay::ld, ldp = Lay::ldp, chunks = D / 4, dj = D / 32;
+  constexpr int rows = Lay::rows, ld = Lay::ld, ldp = Lay::ldp, chunks = D / 4;
+  constexpr int dj = D >= 32 ? D / 32 : 1;  // float4 column pieces a lane owns
   extern __shared__ __align__(128) unsigned char f32_smem_raw[];
   float* sq = reinterpret_cast<float*>(f32_smem_raw);
   float* sp = sq + Lay::q_floats;
@@ -640,6 +642,7 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
   }
 
   const int g = lane >> 3, c = lane & 7;
+  const bool owns_columns = D >= 32 || c < D / 4;  // D = 16: four lanes of a row own its columns
   const int warp_row0 = warp * 4 * R;
   const bool warp_active = warp_row0 < rows_here;
   const int warp_last_pos = first_pos + row0 + min(warp_row0 + 4 * R - 1, rows_here - 1);
@@ -721,7 +724,7 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
       }
       __syncwarp();  // the warp's P rows are written
 #pragma unroll 2
-      for (int k = 0; k < f32_keys; k += 4) {
+      for (int k = 0; k < (owns_columns ? f32_keys : 0); k += 4) {
         float4 pk[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) pk[i] = *reinterpret_cast<const float4*>(sp + r_of[i] * ldp + k);
@@ -756,7 +759,7 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
     const float inv = 1.0f / sum;  // >= 1: the row's max term is 2^0
-    if (r_of[i] >= rows_here) continue;
+    if (r_of[i] >= rows_here || !owns_columns) continue;
 #pragma unroll
     for (int j = 0; j < dj; ++j)
       *reinterpret_cast<float4*>(out + r_of[i] * row_stride + j * 32 + c * 4) =
@@ -804,15 +807,23 @@ bool prefill_mma_enabled() {
 }  // namespace
 
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
-  if (head_dim != 64 && head_dim != 128) return false;
-  return dt == DType::bf16 || (dt == DType::f32 && prefill_f32_enabled());
+  if (dt == DType::f32)
+    return prefill_f32_enabled() &&
+           (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128);
+  return dt == DType::bf16 && (head_dim == 64 || head_dim == 128);
 }
 
 void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0 || p.max_query_len == 0) return;
   if (dt == DType::f32) {
-    if (p.head_dim == 64) launch_f32_rows<64>(stream, p);
-    else launch_f32_rows<128>(stream, p);
+    // 16 and 32: the test fixtures' head dims (tiny GPT-2, tiny Qwen3), so the model and
+    // engine tests run this kernel too.
+    switch (p.head_dim) {
+      case 16: launch_f32_rows<16>(stream, p); break;
+      case 32: launch_f32_rows<32>(stream, p); break;
+      case 64: launch_f32_rows<64>(stream, p); break;
+      default: launch_f32_rows<128>(stream, p); break;
+    }
   } else if (prefill_mma_enabled()) {
     if (p.head_dim == 64) launch_mma_warps<64>(stream, p);
     else launch_mma_warps<128>(stream, p);

@@ -679,10 +679,12 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
 // and the exp (the kernel folds the scale and log2(e) into q and takes exp2). Prompts around the
 // 16-row blocks and 32-key tiles (1, 15, 16, 17, 31, 33 rows, 100, 333: not multiples of
 // either), ragged batches of them, chunks that attend to a cached prefix (a prefix inside the
-// first tile, of several tiles, of one key less than a tile, of exactly one tile), decode rows and an empty sequence
-// inside a prefill batch, one 200-row chunk of a 2100-key context, GPT-2's 512-token prompt
-// (12 heads of 64); GQA 1 to 8; head_dim 64 and 128; cache blocks of 16 keys and of 5 (not a
-// power of two: the kernel's division path; a key tile straddles blocks).
+// first tile, of several tiles, of one key less than a tile, of exactly one tile), decode rows
+// and an empty sequence inside a prefill batch, one 200-row chunk of a 2100-key context, GPT-2's
+// 512-token prompt
+// (12 heads of 64); GQA 1 to 8; head_dim 64 and 128, and 16 and 32 (the tiny GPT-2 and Qwen3
+// fixtures'); cache blocks of 16 keys and of 5 (not a power of two: the kernel's division path;
+// a key tile straddles blocks).
 TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes against the CPU", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -702,7 +704,9 @@ TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes agains
                         {{12, 12, 64}, false, &gpt2_prompt}, {{8, 4, 128}, true, &ragged},
                         {{8, 4, 128}, true, &chunks},      {{16, 2, 64}, true, &chunks},
                         {{8, 1, 128}, false, &one_long},   {{4, 4, 128}, false, &ragged},
-                        {{16, 2, 64}, false, &one_long}};
+                        {{16, 2, 64}, false, &one_long},   {{4, 4, 16}, false, &ragged},
+                        {{4, 4, 16}, false, &chunks},      {{4, 2, 32}, true, &ragged},
+                        {{4, 2, 32}, true, &chunks}};
   const std::pair<const char*, const char*> kernels[] = {{"1", "16"}, {"1", "32"}, {"0", nullptr}};
   for (const auto& [on, rows] : kernels) {
     const ScopedEnv env_on("XSERV_CUDA_PREFILL_F32", on);  // both read at every launch
