@@ -14,7 +14,7 @@
 //   past a warp's rows skipped. Described at the kernel.
 // - the wmma kernel (XSERV_CUDA_PREFILL_MMA=0, for A/B comparisons): S and the f32 O round-trip
 //   through shared memory (~101 KB a block at head_dim 128).
-// f32 activations take a third kernel with the same contract (CUDA cores, f32 throughout: 16-row
+// f32 activations take a third kernel with the same contract (CUDA cores, f32 throughout: 32-row
 // blocks, 32-key tiles), described at the kernel; XSERV_CUDA_PREFILL_F32=0 sends them back to the
 // decode kernel once per row (attention_decode.cu).
 #include <mma.h>
@@ -525,9 +525,9 @@ void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
 // ---- f32 kernel ------------------------------------------------------------------------------
 // f32 activations (GPT-2) on CUDA cores: f32 in, f32 products and sums, no tensor cores (TF32
 // would round q and k to 10-bit mantissas). Launch: grid (n_q_heads, ceil(max_query_len / Rows),
-// num_seqs), 128 threads; a block owns Rows = 16 x R query rows of one head (R = 1 by default,
-// XSERV_CUDA_PREFILL_F32_ROWS=32 for R = 2) and walks the key tiles of 32 from key 0 to its last
-// row, the K and V tiles double-buffered in shared memory with cp.async through the block table
+// num_seqs), W warps; a block owns Rows = 4 x R x W query rows of one head (R rows a thread;
+// by default R = 2, W = 4: 32 rows, 128 threads) and walks the key tiles of 32 from key 0 to its
+// last row, the K and V tiles double-buffered in shared memory with cp.async through the block table
 // (keys past the block's last row zero-filled). Heads vary fastest and row tiles go last-first,
 // as in the mma kernel. Before, f32 prefill ran the decode kernel once per query row, each row
 // reading all of its K/V from L2 again; here each K/V element read serves Rows rows.
@@ -548,27 +548,27 @@ void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
 // Every row attends to key 0, and tile 0 is used by every row, so each row's max is finite from
 // the first tile on: no -inf - -inf. Rows past the sequence compute on zero q with the block's
 // last row's mask and are not stored.
-constexpr int f32_keys = 32, f32_threads = 128;
+constexpr int f32_keys = 32;
 
-template <int D, int R>
+template <int D, int R, int W>
 struct F32Layout {
-  static constexpr int rows = 16 * R;
+  static constexpr int rows = 4 * R * W;
   static constexpr int ld = D + 4;             // floats per Q, K and V row
   static constexpr int ldp = f32_keys + 4;     // floats per P row
   static constexpr int q_floats = rows * ld;
   static constexpr int p_floats = rows * ldp;
   static constexpr int tile_floats = f32_keys * ld;  // one K or V tile
-  // Q + P + two stages of K + V: 41 KB at D = 64, R = 1; 78 KB at D = 128, R = 1.
+  // Q + P + two stages of K + V: 47 KB at D = 64, 32 rows; 87 KB at D = 128, 32 rows.
   static constexpr int bytes = (q_floats + p_floats + 4 * tile_floats) * 4;
 };
 
 // Copies key tile `tile` (keys tile * 32 ..) of kv head kvh: thread t moves float4 piece
-// t % (D / 4) of keys t / (D / 4), + 128 / (D / 4), ...; keys past last_key are zero-filled.
-template <int D>
+// t % (D / 4) of keys t / (D / 4), + Threads / (D / 4), ...; keys past last_key are zero-filled.
+template <int D, int Threads>
 __device__ __forceinline__ void load_f32_kv_tile(const AttentionParams& p, const std::int32_t* table,
                                                  int kvh, int tile, int last_key, float* sk,
                                                  float* sv) {
-  constexpr int chunks = D / 4, keys_per_pass = f32_threads / chunks, ld = D + 4;
+  constexpr int chunks = D / 4, keys_per_pass = Threads / chunks, ld = D + 4;
   const float* kc = static_cast<const float*>(p.k_cache);
   const float* vc = static_cast<const float*>(p.v_cache);
   const int c = threadIdx.x % chunks;
@@ -596,9 +596,10 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
-template <int D, int R>
-__global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(const AttentionParams p) {
-  using Lay = F32Layout<D, R>;
+template <int D, int R, int W>
+__global__ void __launch_bounds__(W * 32) attention_prefill_f32_kernel(const AttentionParams p) {
+  using Lay = F32Layout<D, R, W>;
+  constexpr int threads = W * 32;
   constexpr int rows = Lay::rows, ld = Lay::ld, ldp = Lay::ldp, chunks = D / 4;
   constexpr int dj = D >= 32 ? D / 32 : 1;  // float4 column pieces a lane owns
   extern __shared__ __align__(128) unsigned char f32_smem_raw[];
@@ -621,12 +622,12 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
       p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
 
   // K/V tile 0 in flight while Q is staged (scaled, so the scores come out in base-2 units).
-  load_f32_kv_tile<D>(p, table, kvh, 0, last_key, skv, skv + Lay::tile_floats);
+  load_f32_kv_tile<D, threads>(p, table, kvh, 0, last_key, skv, skv + Lay::tile_floats);
   copy_async_commit();
   {
     const float* qkv = static_cast<const float*>(p.qkv);
     const float qscale = p.scale * 1.4426950408889634f;
-    for (int i = tid; i < rows * chunks; i += f32_threads) {
+    for (int i = tid; i < rows * chunks; i += threads) {
       const int r = i / chunks, c = i % chunks;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (r < rows_here) {
@@ -665,7 +666,7 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
   for (int t = 0; t < n_tiles; ++t) {
     if (t + 1 < n_tiles) {
       float* next = skv + ((t + 1) & 1) * 2 * Lay::tile_floats;
-      load_f32_kv_tile<D>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_floats);
+      load_f32_kv_tile<D, threads>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_floats);
     }
     copy_async_commit();   // possibly empty: one group per tile
     copy_async_wait<1>();  // tile t has landed
@@ -767,27 +768,34 @@ __global__ void __launch_bounds__(f32_threads) attention_prefill_f32_kernel(cons
   }
 }
 
-template <int D, int R>
+template <int D, int R, int W>
 void launch_f32(cudaStream_t stream, const AttentionParams& p) {
+  using Lay = F32Layout<D, R, W>;
   static const bool configured = [] {
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_f32_kernel<D, R>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          F32Layout<D, R>::bytes));
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_f32_kernel<D, R, W>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Lay::bytes));
     return true;
   }();
   (void)configured;
-  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, F32Layout<D, R>::rows), p.num_seqs);
-  attention_prefill_f32_kernel<D, R><<<grid, f32_threads, F32Layout<D, R>::bytes, stream>>>(p);
+  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, Lay::rows), p.num_seqs);
+  attention_prefill_f32_kernel<D, R, W><<<grid, W * 32, Lay::bytes, stream>>>(p);
   XSERV_CUDA_LAUNCH_CHECK();
 }
 
-// XSERV_CUDA_PREFILL_F32_ROWS (tuning): 16 (default) or 32 query rows a block, read at every
-// launch.
+// XSERV_CUDA_PREFILL_F32_ROWS / _WARPS (tuning, read at every launch): the block's rows and
+// warps, 16 / 4, 32 / 4 (default), 32 / 8 or 64 / 8 (a thread holds rows / (4 x warps) rows);
+// other pairs take the default. 32 / 4 ran GPT-2's 512-token prefill 2-5% faster than 16 / 4
+// (H200, 2026-12-02, docs/benchmarks.md).
 template <int D>
-void launch_f32_rows(cudaStream_t stream, const AttentionParams& p) {
-  const char* env = std::getenv("XSERV_CUDA_PREFILL_F32_ROWS");
-  if (env != nullptr && std::string_view(env) == "32") launch_f32<D, 2>(stream, p);
-  else launch_f32<D, 1>(stream, p);
+void launch_f32_shape(cudaStream_t stream, const AttentionParams& p) {
+  const char* rows_env = std::getenv("XSERV_CUDA_PREFILL_F32_ROWS");
+  const char* warps_env = std::getenv("XSERV_CUDA_PREFILL_F32_WARPS");
+  const std::string_view rows = rows_env == nullptr ? "" : rows_env;
+  const bool eight = warps_env != nullptr && std::string_view(warps_env) == "8";
+  if (rows == "16" && !eight) launch_f32<D, 1, 4>(stream, p);
+  else if (rows == "32" && eight) launch_f32<D, 1, 8>(stream, p);
+  else if (rows == "64" && eight) launch_f32<D, 2, 8>(stream, p);
+  else launch_f32<D, 2, 4>(stream, p);
 }
 
 // XSERV_CUDA_PREFILL_F32=0 sends f32 prefill back to the decode kernel run once per query row
@@ -819,10 +827,10 @@ void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionPara
     // 16 and 32: the test fixtures' head dims (tiny GPT-2, tiny Qwen3), so the model and
     // engine tests run this kernel too.
     switch (p.head_dim) {
-      case 16: launch_f32_rows<16>(stream, p); break;
-      case 32: launch_f32_rows<32>(stream, p); break;
-      case 64: launch_f32_rows<64>(stream, p); break;
-      default: launch_f32_rows<128>(stream, p); break;
+      case 16: launch_f32_shape<16>(stream, p); break;
+      case 32: launch_f32_shape<32>(stream, p); break;
+      case 64: launch_f32_shape<64>(stream, p); break;
+      default: launch_f32_shape<128>(stream, p); break;
     }
   } else if (prefill_mma_enabled()) {
     if (p.head_dim == 64) launch_mma_warps<64>(stream, p);

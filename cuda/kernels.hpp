@@ -191,7 +191,7 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
                                     int sm_count);
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;
 // Prefill attention in query-row tiles: tensor-core tiles of 64+ rows for bf16 (head_dim 64 or
-// 128), CUDA-core tiles of 16 rows for f32 (head_dim 16, 32, 64 or 128; unless
+// 128), CUDA-core tiles of 32 rows for f32 (head_dim 16, 32, 64 or 128; unless
 // XSERV_CUDA_PREFILL_F32=0, read at every call: then f32 is not supported here and takes
 // launch_attention_rows).
 void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p);
