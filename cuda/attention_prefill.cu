@@ -784,8 +784,10 @@ void launch_f32(cudaStream_t stream, const AttentionParams& p) {
 
 // XSERV_CUDA_PREFILL_F32_ROWS / _WARPS (tuning, read at every launch): the block's rows and
 // warps, 16 / 4, 32 / 4 (default), 32 / 8 or 64 / 8 (a thread holds rows / (4 x warps) rows);
-// other pairs take the default. 32 / 4 ran GPT-2's 512-token prefill 2-5% faster than 16 / 4
-// (H200, 2026-12-02, docs/benchmarks.md).
+// other pairs take the default. GPT-2 prefill (H200, 2026-12-02, docs/benchmarks.md): the 12
+// attention launches of 512 tokens took 569 us at 32 / 4, 706 at 16 / 4 (1129 on the decode
+// kernel before); prefill tok/s at 512 / 1022 tokens 143k / 151k at 32 / 4, 137-138k / 141k at
+// 16 / 4, 136k / 139k at 32 / 8, 137k / 149k at 64 / 8.
 template <int D>
 void launch_f32_shape(cudaStream_t stream, const AttentionParams& p) {
   const char* rows_env = std::getenv("XSERV_CUDA_PREFILL_F32_ROWS");
