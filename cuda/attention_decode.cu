@@ -1,4 +1,6 @@
-// Paged attention, one query row per block: decode steps, and prefill of f32 models.
+// Paged attention, one query row per block: decode steps (and f32 prefill with
+// XSERV_CUDA_PREFILL_F32=0 or a head_dim other than 16, 32, 64 and 128; attention_prefill.cu
+// otherwise).
 // Computes out[t, h, :] = softmax(scale * q[t, h] . K[0..pos_t]) V for every q head h of one kv
 // head (grouped-query: the G q heads of a kv head share each K/V load), reading K/V straight
 // from the paged cache [num_blocks, block_size, n_kv_heads, head_dim] through the sequence's

@@ -1,11 +1,12 @@
-// Paged prefill attention on tensor cores (bf16 activations, head_dim 64 or 128).
+// Paged prefill attention: on tensor cores for bf16 activations (head_dim 64 or 128), on CUDA
+// cores for f32 (GPT-2; head_dim 16, 32, 64 or 128).
 // Computes, for each sequence's new rows, out[t, h, :] = softmax(scale * q[t, h] . K[0..pos_t]) V
 // with K/V read straight from the paged cache [num_blocks, block_size, n_kv_heads, head_dim]
 // through the block table (grouped-query: q head h reads kv head h / (n_q / n_kv)); varlen by
 // query_start, causal by position (pos_t = context_len - query_len + local row), so a chunk of a
 // long prompt attends to the cached prefix as well as to itself.
 //
-// Two kernels with that contract; launch_attention_prefill picks one per call:
+// Two bf16 kernels with that contract; launch_attention_prefill picks one per call:
 // - the mma kernel (default), FlashAttention-2 style: mma.sync m16n8k16 (bf16 in, f32
 //   accumulate) fed by ldmatrix from XOR-swizzled shared tiles; Q fragments, the scores, the
 //   online softmax and the O accumulator stay in registers; K/V tiles of 64 keys double-buffered
@@ -13,6 +14,9 @@
 //   past a warp's rows skipped. Described at the kernel.
 // - the wmma kernel (XSERV_CUDA_PREFILL_MMA=0, for A/B comparisons): S and the f32 O round-trip
 //   through shared memory (~101 KB a block at head_dim 128).
+// f32 activations take a third kernel with the same contract (CUDA cores, f32 throughout: 32-row
+// blocks, 32-key tiles), described at the kernel; XSERV_CUDA_PREFILL_F32=0 sends them back to the
+// decode kernel once per row (attention_decode.cu).
 #include <mma.h>
 
 #include <cstdlib>
@@ -518,6 +522,291 @@ void launch_mma_warps(cudaStream_t stream, const AttentionParams& p) {
   else launch_mma<D, 6, 2>(stream, p);
 }
 
+// ---- f32 kernel ------------------------------------------------------------------------------
+// f32 activations (GPT-2) on CUDA cores: f32 in, f32 products and sums, no tensor cores (TF32
+// would round q and k to 10-bit mantissas). Launch: grid (n_q_heads, ceil(max_query_len / Rows),
+// num_seqs), W warps; a block owns Rows = 4 x R x W query rows of one head (R rows a thread;
+// by default R = 2, W = 4: 32 rows, 128 threads) and walks the key tiles of 32 from key 0 to its
+// last row, the K and V tiles double-buffered in shared memory with cp.async through the block table
+// (keys past the block's last row zero-filled). Heads vary fastest and row tiles go last-first,
+// as in the mma kernel. Before, f32 prefill ran the decode kernel once per query row, each row
+// reading all of its K/V from L2 again; here each K/V element read serves Rows rows.
+//
+// Warp w owns rows 4Rw .. 4Rw + 4R - 1; lane = 8 g + c holds rows 4Rw + g + 4i (i < R), and
+// - scores: keys c, c + 8, c + 16, c + 24 of the tile for each of its rows, a dot product over D
+//   in float4 steps (Q staged once, pre-scaled by scale * log2(e)); the 8 lanes of a row sit
+//   side by side (the row max and sum are three shuffles);
+// - online softmax in base 2: p = 2^(s - m) with the running max m per row, written to the
+//   warp's rows of a shared P tile (only the owning warp reads them back: __syncwarp);
+// - P V: the lane owns columns 4c + 32j (float4 pieces, j < D / 32) of its rows; each float4 of V
+//   it reads serves its R rows, P is read four keys at a time. At D = 16 (test fixtures) lanes
+//   c < 4 own the four pieces and the others idle in this step.
+// Shared rows are padded by 4 floats: the float4 of key c + 8j at column d lies 4 banks after
+// key c - 1's, so the 8 keys (K) or 8 column pieces (V) a quarter warp reads are conflict-free
+// and the warp's other row groups read the same addresses (broadcast).
+//
+// Every row attends to key 0, and tile 0 is used by every row, so each row's max is finite from
+// the first tile on: no -inf - -inf. Rows past the sequence compute on zero q with the block's
+// last row's mask and are not stored.
+constexpr int f32_keys = 32;
+
+template <int D, int R, int W>
+struct F32Layout {
+  static constexpr int rows = 4 * R * W;
+  static constexpr int ld = D + 4;             // floats per Q, K and V row
+  static constexpr int ldp = f32_keys + 4;     // floats per P row
+  static constexpr int q_floats = rows * ld;
+  static constexpr int p_floats = rows * ldp;
+  static constexpr int tile_floats = f32_keys * ld;  // one K or V tile
+  // Q + P + two stages of K + V: 47 KB at D = 64, 32 rows; 87 KB at D = 128, 32 rows.
+  static constexpr int bytes = (q_floats + p_floats + 4 * tile_floats) * 4;
+};
+
+// Copies key tile `tile` (keys tile * 32 ..) of kv head kvh: thread t moves float4 piece
+// t % (D / 4) of keys t / (D / 4), + Threads / (D / 4), ...; keys past last_key are zero-filled.
+template <int D, int Threads>
+__device__ __forceinline__ void load_f32_kv_tile(const AttentionParams& p, const std::int32_t* table,
+                                                 int kvh, int tile, int last_key, float* sk,
+                                                 float* sv) {
+  constexpr int chunks = D / 4, keys_per_pass = Threads / chunks, ld = D + 4;
+  const float* kc = static_cast<const float*>(p.k_cache);
+  const float* vc = static_cast<const float*>(p.v_cache);
+  const int c = threadIdx.x % chunks;
+  const int bs = p.block_size, shift = __ffs(bs) - 1;  // as load_kv_tile: shifts for 2^n blocks
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  const std::int64_t row_elems = static_cast<std::int64_t>(p.n_kv_heads) * D;
+#pragma unroll
+  for (int r = threadIdx.x / chunks; r < f32_keys; r += keys_per_pass) {
+    const int key = tile * f32_keys + r;
+    const bool ok = key <= last_key;
+    std::int64_t off = 0;
+    if (ok) {
+      const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
+      off = (static_cast<std::int64_t>(table[blk]) * bs + in_blk) * row_elems + kvh * D + c * 4;
+    }
+    copy_async16_zfill(sk + r * ld + c * 4, kc + off, ok);
+    copy_async16_zfill(sv + r * ld + c * 4, vc + off, ok);
+  }
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+template <int D, int R, int W>
+__global__ void __launch_bounds__(W * 32) attention_prefill_f32_kernel(const AttentionParams p) {
+  using Lay = F32Layout<D, R, W>;
+  constexpr int threads = W * 32;
+  constexpr int rows = Lay::rows, ld = Lay::ld, ldp = Lay::ldp, chunks = D / 4;
+  constexpr int dj = D >= 32 ? D / 32 : 1;  // float4 column pieces a lane owns
+  extern __shared__ __align__(128) unsigned char f32_smem_raw[];
+  float* sq = reinterpret_cast<float*>(f32_smem_raw);
+  float* sp = sq + Lay::q_floats;
+  float* skv = sp + Lay::p_floats;  // stage s: K at 2 s tile_floats, V after it
+
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int q0 = p.query_start[seq];
+  const int q_len = p.query_start[seq + 1] - q0;
+  const int row0 = (gridDim.y - 1 - blockIdx.y) * rows;
+  if (row0 >= q_len) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int first_pos = p.context_lens[seq] - q_len;  // position of the sequence's first new row
+  const int rows_here = min(rows, q_len - row0);
+  const int kvh = h / (p.n_q_heads / p.n_kv_heads);
+  const int last_key = first_pos + row0 + rows_here - 1;
+  const int n_tiles = last_key / f32_keys + 1;
+  const std::int32_t* table =
+      p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+
+  // K/V tile 0 in flight while Q is staged (scaled, so the scores come out in base-2 units).
+  load_f32_kv_tile<D, threads>(p, table, kvh, 0, last_key, skv, skv + Lay::tile_floats);
+  copy_async_commit();
+  {
+    const float* qkv = static_cast<const float*>(p.qkv);
+    const float qscale = p.scale * 1.4426950408889634f;
+    for (int i = tid; i < rows * chunks; i += threads) {
+      const int r = i / chunks, c = i % chunks;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < rows_here) {
+        v = *reinterpret_cast<const float4*>(
+            qkv + static_cast<std::int64_t>(q0 + row0 + r) * p.qkv_stride + h * D + c * 4);
+        v.x *= qscale;
+        v.y *= qscale;
+        v.z *= qscale;
+        v.w *= qscale;
+      }
+      *reinterpret_cast<float4*>(sq + r * ld + c * 4) = v;
+    }
+  }
+
+  const int g = lane >> 3, c = lane & 7;
+  const bool owns_columns = D >= 32 || c < D / 4;  // D = 16: four lanes of a row own its columns
+  const int warp_row0 = warp * 4 * R;
+  const bool warp_active = warp_row0 < rows_here;
+  const int warp_last_pos = first_pos + row0 + min(warp_row0 + 4 * R - 1, rows_here - 1);
+  int r_of[R], pos_of[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    r_of[i] = warp_row0 + g + 4 * i;
+    pos_of[i] = min(first_pos + row0 + r_of[i], last_key);
+  }
+  const int block_first_pos = first_pos + row0;
+  float o[R][dj][4], m[R], l[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    m[i] = -CUDART_INF_F;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < dj; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+  }
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      float* next = skv + ((t + 1) & 1) * 2 * Lay::tile_floats;
+      load_f32_kv_tile<D, threads>(p, table, kvh, t + 1, last_key, next, next + Lay::tile_floats);
+    }
+    copy_async_commit();   // possibly empty: one group per tile
+    copy_async_wait<1>();  // tile t has landed
+    __syncthreads();       // for every thread (and Q, before the first tile)
+    const int key0 = t * f32_keys;
+    if (warp_active && key0 <= warp_last_pos) {
+      const float* sk = skv + (t & 1) * 2 * Lay::tile_floats;
+      const float* sv = sk + Lay::tile_floats;
+      float s[R][4];
+#pragma unroll
+      for (int i = 0; i < R; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < D; d += 4) {
+        float4 q[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) q[i] = *reinterpret_cast<const float4*>(sq + r_of[i] * ld + d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float4 k = *reinterpret_cast<const float4*>(sk + (c + 8 * j) * ld + d);
+#pragma unroll
+          for (int i = 0; i < R; ++i) s[i][j] = dot4(q[i], k, s[i][j]);
+        }
+      }
+      // Keys above a row's diagonal (and the zero-filled tail past the block's last row).
+      if (key0 + f32_keys - 1 > block_first_pos) {
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (key0 + c + 8 * j > pos_of[i]) s[i][j] = -CUDART_INF_F;
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float mx = fmaxf(fmaxf(s[i][0], s[i][1]), fmaxf(s[i][2], s[i][3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        const float m_new = fmaxf(m[i], mx);  // finite: see the kernel's comment
+        const float alpha = exp2f(m[i] - m_new);  // 0 at the first tile
+        m[i] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float pj = exp2f(s[i][j] - m_new);
+          sp[r_of[i] * ldp + c + 8 * j] = pj;
+          sum += pj;
+        }
+        l[i] = l[i] * alpha + sum;  // this lane's keys only; the row's 8 lanes add up at the end
+#pragma unroll
+        for (int j = 0; j < dj; ++j) {
+          o[i][j][0] *= alpha;
+          o[i][j][1] *= alpha;
+          o[i][j][2] *= alpha;
+          o[i][j][3] *= alpha;
+        }
+      }
+      __syncwarp();  // the warp's P rows are written
+#pragma unroll 2
+      for (int k = 0; k < (owns_columns ? f32_keys : 0); k += 4) {
+        float4 pk[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) pk[i] = *reinterpret_cast<const float4*>(sp + r_of[i] * ldp + k);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int j = 0; j < dj; ++j) {
+            const float4 v = *reinterpret_cast<const float4*>(sv + (k + kk) * ld + j * 32 + c * 4);
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              const float w = kk == 0 ? pk[i].x : kk == 1 ? pk[i].y : kk == 2 ? pk[i].z : pk[i].w;
+              o[i][j][0] = fmaf(w, v.x, o[i][j][0]);
+              o[i][j][1] = fmaf(w, v.y, o[i][j][1]);
+              o[i][j][2] = fmaf(w, v.z, o[i][j][2]);
+              o[i][j][3] = fmaf(w, v.w, o[i][j][3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage t & 1 (and P) before tile t + 2 replaces it
+  }
+  copy_async_wait<0>();
+
+  if (!warp_active) return;
+  const std::int64_t row_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+  float* out = static_cast<float*>(p.out) + static_cast<std::int64_t>(q0 + row0) * row_stride + h * D;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float sum = l[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    const float inv = 1.0f / sum;  // >= 1: the row's max term is 2^0
+    if (r_of[i] >= rows_here || !owns_columns) continue;
+#pragma unroll
+    for (int j = 0; j < dj; ++j)
+      *reinterpret_cast<float4*>(out + r_of[i] * row_stride + j * 32 + c * 4) =
+          make_float4(o[i][j][0] * inv, o[i][j][1] * inv, o[i][j][2] * inv, o[i][j][3] * inv);
+  }
+}
+
+template <int D, int R, int W>
+void launch_f32(cudaStream_t stream, const AttentionParams& p) {
+  using Lay = F32Layout<D, R, W>;
+  static const bool configured = [] {
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_f32_kernel<D, R, W>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Lay::bytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(p.n_q_heads, ceil_div(p.max_query_len, Lay::rows), p.num_seqs);
+  attention_prefill_f32_kernel<D, R, W><<<grid, W * 32, Lay::bytes, stream>>>(p);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
+
+// XSERV_CUDA_PREFILL_F32_ROWS / _WARPS (tuning, read at every launch): the block's rows and
+// warps, 16 / 4, 32 / 4 (default), 32 / 8 or 64 / 8 (a thread holds rows / (4 x warps) rows);
+// other pairs take the default. GPT-2 prefill (H200, 2026-12-02, docs/benchmarks.md): the 12
+// attention launches of 512 tokens took 569 us at 32 / 4, 706 at 16 / 4 (1129 on the decode
+// kernel before); prefill tok/s at 512 / 1022 tokens 143k / 151k at 32 / 4, 137-138k / 141k at
+// 16 / 4, 136k / 139k at 32 / 8, 137k / 149k at 64 / 8.
+template <int D>
+void launch_f32_shape(cudaStream_t stream, const AttentionParams& p) {
+  const char* rows_env = std::getenv("XSERV_CUDA_PREFILL_F32_ROWS");
+  const char* warps_env = std::getenv("XSERV_CUDA_PREFILL_F32_WARPS");
+  const std::string_view rows = rows_env == nullptr ? "" : rows_env;
+  const bool eight = warps_env != nullptr && std::string_view(warps_env) == "8";
+  if (rows == "16" && !eight) launch_f32<D, 1, 4>(stream, p);
+  else if (rows == "32" && eight) launch_f32<D, 1, 8>(stream, p);
+  else if (rows == "64" && eight) launch_f32<D, 2, 8>(stream, p);
+  else launch_f32<D, 2, 4>(stream, p);
+}
+
+// XSERV_CUDA_PREFILL_F32=0 sends f32 prefill back to the decode kernel run once per query row
+// (launch_attention_rows), for A/B comparisons; read at every call, as prefill_mma_enabled.
+bool prefill_f32_enabled() {
+  const char* env = std::getenv("XSERV_CUDA_PREFILL_F32");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
 // XSERV_CUDA_PREFILL_MMA=0 selects the wmma kernel; read at every launch (a prefill's kernels
 // run for milliseconds), so tests can compare both kernels in one process.
 bool prefill_mma_enabled() {
@@ -528,12 +817,24 @@ bool prefill_mma_enabled() {
 }  // namespace
 
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept {
+  if (dt == DType::f32)
+    return prefill_f32_enabled() &&
+           (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128);
   return dt == DType::bf16 && (head_dim == 64 || head_dim == 128);
 }
 
-void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p) {
+void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p) {
   if (p.num_tokens == 0 || p.max_query_len == 0) return;
-  if (prefill_mma_enabled()) {
+  if (dt == DType::f32) {
+    // 16 and 32: the test fixtures' head dims (tiny GPT-2, tiny Qwen3), so the model and
+    // engine tests run this kernel too.
+    switch (p.head_dim) {
+      case 16: launch_f32_shape<16>(stream, p); break;
+      case 32: launch_f32_shape<32>(stream, p); break;
+      case 64: launch_f32_shape<64>(stream, p); break;
+      default: launch_f32_shape<128>(stream, p); break;
+    }
+  } else if (prefill_mma_enabled()) {
     if (p.head_dim == 64) launch_mma_warps<64>(stream, p);
     else launch_mma_warps<128>(stream, p);
   } else {

@@ -749,7 +749,7 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
   AttentionParams p = attention_params(out, qkv, heads, batch, cache, scale);
   if (p.num_tokens == 0) return;
   if (batch.max_query_len > 1 && attention_prefill_supported(dt, heads.head_dim)) {
-    launch_attention_prefill(stream_, p);
+    launch_attention_prefill(stream_, dt, p);
     return;
   }
   XSERV_CHECK(attention_rows_supported(heads.head_dim, heads.n_q_heads / heads.n_kv_heads),

@@ -175,7 +175,7 @@ struct AttentionParams {
   // RoPE: GPT-2), into the cache, in place of a qk_transform_store kernel before it.
   bool store_kv = false;
 };
-// One query row per block (decode, and f32 prefill), keys split over num_splits blocks.
+// One query row per block (decode), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
 // Whether launch_attention_rows runs the register kernel for this dtype and head_dim (f32, and
 // bf16 head dims other than 64 and 128), the one that honours AttentionParams::store_kv.
@@ -190,8 +190,11 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
                                     std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
                                     int sm_count);
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;
-// Tensor-core tiles of 64 query rows (bf16, head_dim 64 or 128).
-void launch_attention_prefill(cudaStream_t stream, const AttentionParams& p);
+// Prefill attention in query-row tiles: tensor-core tiles of 64+ rows for bf16 (head_dim 64 or
+// 128), CUDA-core tiles of 32 rows for f32 (head_dim 16, 32, 64 or 128; unless
+// XSERV_CUDA_PREFILL_F32=0, read at every call: then f32 is not supported here and takes
+// launch_attention_rows).
+void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p);
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
 
 // qk_attention.cu: qk_transform_store and decode attention as one kernel, one block per (kv head,

@@ -672,6 +672,64 @@ TEST_CASE("cuda prefill attention kernels: tile edges, cached prefixes, GQA, hea
   }
 }
 
+// The f32 prefill kernel (GPT-2 runs f32 on CUDA) in its four block shapes (rows / warps 16 / 4,
+// 32 / 4: the default, 32 / 8, 64 / 8), and the decode kernel once per row that it replaced
+// (XSERV_CUDA_PREFILL_F32=0), against the CPU backend's attention over the same q and cache
+// (run_attention_case's exact_inputs). Tolerance 1e-5 absolute + 1e-4 relative: both sides
+// compute in f32 and differ only in the order of the sums and the exp (the kernel folds the
+// scale and log2(e) into q and takes exp2). Prompts around the 16- and 32-row blocks and 32-key
+// tiles (1, 15, 16, 17, 31, 33 rows, 100, 333: not multiples of either), ragged batches of them,
+// chunks that attend to a cached prefix (a prefix inside the first tile, of several tiles, of one
+// key less than a tile, of exactly one tile), decode rows and an empty sequence inside a prefill
+// batch, one 200-row chunk of a 2100-key context, GPT-2's 512-token prompt (12 heads of 64); GQA
+// 1 to 8; head_dim 64 and 128, and 16 and 32 (the tiny GPT-2 and Qwen3 fixtures'); cache blocks
+// of 16 keys and of 5 (not a power of two: the kernel's division path; a key tile straddles
+// blocks).
+TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes against the CPU", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(32);
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  // (new rows, context) per sequence.
+  const Seqs ragged = {{15, 15}, {16, 16}, {17, 17}, {1, 1}, {31, 31}, {33, 33}, {100, 100}, {333, 333}};
+  const Seqs chunks = {{100, 612}, {16, 1000}, {257, 300}, {1, 77}, {0, 9}, {5, 700}, {33, 64}, {7, 39}, {40, 71}};
+  const Seqs one_long = {{200, 2100}};
+  const Seqs gpt2_prompt = {{512, 512}};
+  struct Case {
+    HeadGeometry geom;
+    bool norm_rope;
+    const Seqs* seqs;
+  };
+  const Case cases[] = {{{12, 12, 64}, false, &ragged},   {{12, 12, 64}, false, &chunks},
+                        {{12, 12, 64}, false, &gpt2_prompt}, {{8, 4, 128}, true, &ragged},
+                        {{8, 4, 128}, true, &chunks},      {{16, 2, 64}, true, &chunks},
+                        {{8, 1, 128}, false, &one_long},   {{4, 4, 128}, false, &ragged},
+                        {{16, 2, 64}, false, &one_long},   {{4, 4, 16}, false, &ragged},
+                        {{4, 4, 16}, false, &chunks},      {{4, 2, 32}, true, &ragged},
+                        {{4, 2, 32}, true, &chunks}};
+  struct Kernel {
+    const char *on, *rows, *warps;
+  };
+  const Kernel kernels[] = {{"1", "16", "4"}, {"1", nullptr, nullptr}, {"1", "32", "8"},
+                            {"1", "64", "8"}, {"0", nullptr, nullptr}};
+  for (const auto& [on, rows, warps] : kernels) {
+    const ScopedEnv env_on("XSERV_CUDA_PREFILL_F32", on);  // all three read at every launch
+    const ScopedEnv env_rows("XSERV_CUDA_PREFILL_F32_ROWS", rows);
+    const ScopedEnv env_warps("XSERV_CUDA_PREFILL_F32_WARPS", warps);
+    for (const auto& c : cases) {
+      for (std::int32_t bs : {16, 5}) {
+        INFO("XSERV_CUDA_PREFILL_F32=" << on << " ROWS=" << (rows ? rows : "unset") << " WARPS="
+                                       << (warps ? warps : "unset") << " heads " << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
+                                       << c.geom.head_dim << " seqs " << c.seqs->size()
+                                       << " first " << c.seqs->front().first << "/"
+                                       << c.seqs->front().second << " block " << bs);
+        run_attention_case(be, rng, DType::f32, {c.geom, c.norm_rope, c.norm_rope, *c.seqs}, bs,
+                           false, true);
+      }
+    }
+  }
+}
+
 // The bf16 decode kernels against the CPU backend's attention over the same bf16 q and cache
 // (run_attention_case's exact_inputs: 1e-2 absolute + 1e-2 relative; both round P to bf16):
 // the mma kernel at its per-launch ring depth (the default: 3 chunk buffers a warp for few rows,
