@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   }
   void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
   void* native_stream() noexcept override { return stream_; }
+  void set_warming_up(bool on) override { gemm_->set_tuning(on); }
 
   void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
                  const Tensor& positions) override;
@@ -268,7 +269,11 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
-  gemm_ = std::make_unique<Gemm>(stream_, work_);
+  // Candidates timed per batched-decode GEMM row bucket during the load's warm-up (cuda/gemm.hpp);
+  // XSERV_CUDA_GEMM_TUNE=0 keeps the heuristic's first everywhere (as before, for comparisons).
+  int gemm_tune = default_gemm_tune_candidates;
+  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tune = std::atoi(env);
+  gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tune);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);

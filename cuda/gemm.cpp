@@ -1,11 +1,21 @@
 #include "cuda/gemm.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
 #include "cuda/cuda_check.hpp"
 
 namespace xserv::cuda {
 
 namespace {
 constexpr std::size_t workspace_bytes = 32u << 20;
+// Tuning: the row buckets of batched decode (9..256 rows; prefill's larger buckets keep the
+// heuristic, their GEMMs are compute-bound and would lengthen the load), timed passes per
+// candidate (the median decides), and at most this many weight copies per pass.
+constexpr std::int64_t tune_min_bucket = 16, tune_max_bucket = 256;
+constexpr int tune_samples = 5;
+constexpr std::size_t tune_max_copies = 8;
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
@@ -38,14 +48,28 @@ struct Gemm::Plan {
   }
 };
 
-Gemm::Gemm(cudaStream_t stream, Allocator& workspace_allocator)
-    : stream_(stream), workspace_(workspace_allocator, workspace_bytes) {
+Gemm::Gemm(cudaStream_t stream, Allocator& workspace_allocator, int tune_candidates)
+    : stream_(stream), workspace_(workspace_allocator, workspace_bytes), tune_candidates_(tune_candidates) {
   XSERV_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  int device = 0, l2 = 0;
+  XSERV_CUDA_CHECK(cudaGetDevice(&device));
+  XSERV_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  l2_bytes_ = static_cast<std::size_t>(l2);
 }
 
 Gemm::~Gemm() {
+  set_tuning(false);
   plans_.clear();
   if (handle_) cublasLtDestroy(handle_);
+}
+
+void Gemm::set_tuning(bool on) {
+  tuning_ = on;
+  if (!on && scratch_) {
+    (void)cudaFree(scratch_);  // waits for the timing launches that used it
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+  }
 }
 
 namespace {
@@ -68,7 +92,7 @@ cublasLtMatrixLayout_t Gemm::activation_layout(cudaDataType_t type, std::int64_t
   return l;
 }
 
-Gemm::Plan& Gemm::plan(const Key& key) {
+Gemm::Plan& Gemm::plan(const Key& key, const void* a_data, const void* w_data, const void* bias_data) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   const auto [dt_i, out_i, layout_i, m, n, k, ldo, has_bias, accumulate, al_a, al_b, al_c, al_bias] = key;
@@ -99,17 +123,23 @@ Gemm::Plan& Gemm::plan(const Key& key) {
   p->b = activation_layout(type, k, m);
   XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, out_type, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), ldo));
 
-  // The algorithm: the heuristic's choice for this shape's row bucket, if it runs this exact
-  // shape (cublasLtMatmulAlgoCheck, cheap); else the heuristic for the exact shape.
+  // The algorithm: this shape's row bucket's (timed when tuning is on and this is the bucket's
+  // own row count, else the heuristic's first), if it runs this exact shape
+  // (cublasLtMatmulAlgoCheck, cheap); else the heuristic for the exact shape.
   Key bucket = key;
   std::get<3>(bucket) = heuristic_rows(m);
   auto found = algos_.find(bucket);
   if (found == algos_.end()) {
-    Plan probe;  // layouts of the bucket's M; the descriptor is shared
-    probe.b = activation_layout(type, k, std::get<3>(bucket));
-    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe.c, out_type, static_cast<std::uint64_t>(n),
-                                                  static_cast<std::uint64_t>(std::get<3>(bucket)), ldo));
-    const cublasLtMatmulAlgo_t algo = heuristic(*p, p->a, probe.b, probe.c, {al_a, al_b, al_c}, key);
+    cublasLtMatmulAlgo_t algo{};
+    if (m == std::get<3>(bucket) && tunable(bucket)) {
+      algo = tune(*p, key, a_data, w_data, bias_data);
+    } else {
+      Plan probe;  // layouts of the bucket's M; the descriptor is shared
+      probe.b = activation_layout(type, k, std::get<3>(bucket));
+      XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe.c, out_type, static_cast<std::uint64_t>(n),
+                                                    static_cast<std::uint64_t>(std::get<3>(bucket)), ldo));
+      algo = heuristic(*p, p->a, probe.b, probe.c, {al_a, al_b, al_c}, key);
+    }
     found = algos_.emplace(bucket, algo).first;
   }
   cublasLtMatmulHeuristicResult_t check{};
@@ -125,12 +155,18 @@ Gemm::Plan& Gemm::plan(const Key& key) {
 
 cublasLtMatmulAlgo_t Gemm::heuristic(const Plan& p, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                      cublasLtMatrixLayout_t c, std::array<int, 3> alignment, const Key& key) {
+  return candidates(p, a, b, c, alignment, key, 1).front();
+}
+
+std::vector<cublasLtMatmulAlgo_t> Gemm::candidates(const Plan& p, cublasLtMatrixLayout_t a,
+                                                   cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                                   std::array<int, 3> alignment, const Key& key, int count) {
   cublasLtMatmulPreference_t pref = nullptr;
   XSERV_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = workspace_bytes;
   const std::uint32_t align[4] = {static_cast<std::uint32_t>(alignment[0]), static_cast<std::uint32_t>(alignment[1]),
                                   static_cast<std::uint32_t>(alignment[2]), static_cast<std::uint32_t>(alignment[2])};
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(std::max(count, 1)));
   int found = 0;
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   if (status == CUBLAS_STATUS_SUCCESS)
@@ -142,14 +178,117 @@ cublasLtMatmulAlgo_t Gemm::heuristic(const Plan& p, cublasLtMatrixLayout_t a, cu
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[3], sizeof(std::uint32_t));
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, a, b, c, c, pref, 1, &result, &found);
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, a, b, c, c, pref, static_cast<int>(results.size()),
+                                            results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   XSERV_CUBLAS_CHECK(status);
-  XSERV_CHECK(found > 0, ErrorCode::unsupported,
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < found; ++i) {
+    const auto& r = results[static_cast<std::size_t>(i)];
+    if (r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace_bytes) algos.push_back(r.algo);
+  }
+  XSERV_CHECK(!algos.empty(), ErrorCode::unsupported,
               "gemm: cuBLASLt has no algorithm for {} M={} N={} K={} (ldo {}, bias {})",
               dtype_name(static_cast<DType>(std::get<0>(key))), std::get<3>(key), std::get<4>(key),
               std::get<5>(key), std::get<6>(key), std::get<7>(key));
-  return result.algo;
+  return algos;
+}
+
+bool Gemm::tunable(const Key& bucket) const {
+  const std::int64_t rows = std::get<3>(bucket);
+  if (!tuning_ || tune_candidates_ < 2 || rows < tune_min_bucket || rows > tune_max_bucket) return false;
+  // Timing needs events and a host wait, which a stream being captured into a graph forbids.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
+  return cudaStreamIsCapturing(stream_, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone;
+}
+
+cublasLtMatmulAlgo_t Gemm::tune(const Plan& p, const Key& key, const void* a, const void* w, const void* bias) {
+  const auto [dt_i, out_i, layout_i, m, n, k, ldo, has_bias, accumulate, al_a, al_b, al_c, al_bias] = key;
+  (void)layout_i, (void)has_bias, (void)accumulate, (void)al_bias;
+  const std::vector<cublasLtMatmulAlgo_t> algos = candidates(p, p.a, p.b, p.c, {al_a, al_b, al_c}, key, tune_candidates_);
+  if (algos.size() == 1) return algos.front();
+
+  // Scratch: copies of the weight (one pass over the live weight and them streams more than
+  // twice the L2 cache, as a step over different layers' weights does), then the output.
+  const std::size_t w_bytes = static_cast<std::size_t>(n * k) * dtype_size(static_cast<DType>(dt_i));
+  const std::size_t w_stride = (w_bytes + 255) / 256 * 256;
+  const std::size_t copies = std::clamp<std::size_t>((2 * l2_bytes_ + w_bytes - 1) / w_bytes, 1, tune_max_copies);
+  const std::size_t out_bytes = static_cast<std::size_t>(m * ldo) * dtype_size(static_cast<DType>(out_i));
+  const std::size_t need = (copies - 1) * w_stride + out_bytes;
+  if (scratch_bytes_ < need) {
+    if (scratch_) (void)cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    if (cudaMalloc(&scratch_, need) != cudaSuccess) {  // no room to measure: the heuristic's first
+      (void)cudaGetLastError();
+      scratch_ = nullptr;
+      return algos.front();
+    }
+    scratch_bytes_ = need;
+  }
+  auto* base = static_cast<char*>(scratch_);
+  std::vector<const void*> weights{w};
+  for (std::size_t i = 1; i < copies; ++i) {
+    void* copy = base + (i - 1) * w_stride;
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(copy, w, w_bytes, cudaMemcpyDeviceToDevice, stream_));
+    weights.push_back(copy);
+  }
+  void* out = base + (copies - 1) * w_stride;
+  if (bias)
+    XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+
+  std::array<cudaEvent_t, tune_samples + 1> events{};
+  for (auto& e : events) XSERV_CUDA_CHECK(cudaEventCreate(&e));
+  const float alpha = 1.0f, beta = 0.0f;
+  float best_ms = std::numeric_limits<float>::infinity();
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < algos.size(); ++i) {
+    auto pass = [&] {
+      for (const void* wc : weights) {
+        if (cublasLtMatmul(handle_, p.desc, &alpha, wc, p.a, a, p.b, &beta, out, p.c, out, p.c, &algos[i],
+                           workspace_.data(), workspace_bytes, stream_) != CUBLAS_STATUS_SUCCESS)
+          return false;
+      }
+      return true;
+    };
+    if (!pass()) continue;  // untimed: loads the kernel; a candidate that does not launch is out
+    bool ok = true;
+    for (int s = 0; s < tune_samples && ok; ++s) {
+      XSERV_CUDA_CHECK(cudaEventRecord(events[static_cast<std::size_t>(s)], stream_));
+      ok = pass();
+    }
+    XSERV_CUDA_CHECK(cudaEventRecord(events[tune_samples], stream_));
+    XSERV_CUDA_CHECK(cudaEventSynchronize(events[tune_samples]));
+    if (!ok) continue;
+    std::array<float, tune_samples> ms{};
+    for (std::size_t s = 0; s < ms.size(); ++s)
+      XSERV_CUDA_CHECK(cudaEventElapsedTime(&ms[s], events[s], events[s + 1]));
+    std::nth_element(ms.begin(), ms.begin() + tune_samples / 2, ms.end());
+    if (ms[tune_samples / 2] < best_ms) best_ms = ms[tune_samples / 2], best = i;
+  }
+  for (auto e : events) (void)cudaEventDestroy(e);
+  if (best_ms == std::numeric_limits<float>::infinity()) return algos.front();
+  ++tuned_;
+  return algos[best];
+}
+
+std::string Gemm::last_algorithm() const {
+  if (!last_algo_) return {};
+  // CUBLASLT_ALGO_CONFIG_* attributes in their enum order; the numbers are cublasLt.h's enums.
+  const char* names[] = {"algo", "tile", "split-k", "reduction", "swizzle", "custom", "stages", "inner", "cluster"};
+  std::string s;
+  for (int attr = 0; attr < 9; ++attr) {
+    const auto a = static_cast<cublasLtMatmulAlgoConfigAttributes_t>(attr);
+    std::uint64_t v = 0;  // 2 to 4 bytes each; the rest stays 0 (little-endian)
+    std::size_t size = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(last_algo_, a, nullptr, 0, &size) != CUBLAS_STATUS_SUCCESS ||
+        size > sizeof(v) || cublasLtMatmulAlgoConfigGetAttribute(last_algo_, a, &v, size, &size) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    char part[48];
+    std::snprintf(part, sizeof(part), "%s%s %llu", s.empty() ? "" : " ", names[attr], static_cast<unsigned long long>(v));
+    s += part;
+  }
+  return s;
 }
 
 void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w,
@@ -159,7 +298,8 @@ void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* 
   const Key key{static_cast<int>(dt), static_cast<int>(out_dt), static_cast<int>(layout), m, n, k, ldo, bias != nullptr,
                 beta != 0.0f, alignment_of(w), alignment_of(a), alignment_of(out),
                 bias ? alignment_of(bias) : 256};
-  Plan& p = plan(key);
+  Plan& p = plan(key, a, w, bias);
+  last_algo_ = &p.algo;
   if (bias)
     XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   const float alpha = 1.0f;
