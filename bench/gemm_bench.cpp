@@ -1,15 +1,16 @@
 // The cuBLASLt GEMMs of batched decode (cuda/gemm.cpp) alone, at the Qwen3-1.7B and 8B layer and
 // lm_head shapes (bf16, W [N, K], the lm_head writing f32 logits): the heuristic's first
 // algorithm (XSERV_CUDA_GEMM_TUNE=0, before) against the fastest of its first N candidates by
-// timing (the load's warm-up tuning, after), at the row buckets' own row counts and at rows
-// inside buckets (the engine pads decode steps to multiples of 8, which take their bucket's
-// algorithm). Each figure is the time per GEMM of back-to-back launches recorded into a CUDA
+// timing, with and without split-K variants (the load's warm-up tuning, after; GemmTuning), at
+// the row buckets' own row counts and at rows inside buckets (the engine pads decode steps to
+// multiples of 8, which take their bucket's algorithm; tuned buckets go per 32 rows). Each figure is the time per GEMM of back-to-back launches recorded into a CUDA
 // graph and replayed, cycling over copies of the weight that together exceed the L2 cache, so
 // every launch streams its weight from DRAM as in a decode step. Prints, per shape and row count:
-//   us and weight TB/s of the heuristic's first, then us per candidate count N, and the
-//   algorithms (cublasLt.h's enum numbers: algo id, tile, split-k, stages, ...);
-// and per candidate count the host time the tuning took (what the warm-up adds to a load).
-// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--candidates 8,16,32]. Speed is
+//   us and weight TB/s of the heuristic's first, then us per tuning configuration ("16": the
+//   heuristic's first 16, "16s": and split-K variants), and the algorithms (cublasLt.h's enum
+//   numbers: algo id, tile, split-k, reduction, stages, ...);
+// and per configuration the host time the tuning took (what the warm-up adds to a load).
+// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]. Speed is
 // printed, never asserted.
 #include <cuda_runtime_api.h>
 
@@ -70,12 +71,6 @@ std::vector<std::string> split(const char* s) {
   return v;
 }
 
-std::int64_t bucket_of(std::int64_t m) {  // cuda/gemm.cpp's heuristic_rows above 8 rows
-  std::int64_t b = 16;
-  while (b < m) b *= 2;
-  return b;
-}
-
 struct Operands {
   std::vector<void*> weights;  // the copies cycled over
   void* a = nullptr;
@@ -119,7 +114,7 @@ double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Oper
 int main(int argc, char** argv) {
   std::vector<std::string> models = {"1.7b", "8b"};
   std::vector<std::int64_t> rows = {24, 32, 40, 48, 64, 72, 96, 128, 160, 192, 256};
-  std::vector<int> counts = {8, 16, 32};
+  std::vector<std::string> configs = {"16", "16s", "32s"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::vector<std::string> v = split(argv[i + 1]);
     if (std::strcmp(argv[i], "--models") == 0) {
@@ -127,11 +122,10 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--rows") == 0) {
       rows.clear();
       for (const auto& r : v) rows.push_back(std::atoll(r.c_str()));
-    } else if (std::strcmp(argv[i], "--candidates") == 0) {
-      counts.clear();
-      for (const auto& c : v) counts.push_back(std::atoi(c.c_str()));
+    } else if (std::strcmp(argv[i], "--configs") == 0) {
+      configs = v;
     } else {
-      std::fprintf(stderr, "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--candidates 8,16,32]\n");
+      std::fprintf(stderr, "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]\n");
       return 2;
     }
   }
@@ -141,13 +135,10 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   DeviceArena arena(0, std::size_t{256} << 20);
-  const std::int64_t max_rows = *std::max_element(rows.begin(), rows.end());
-  std::vector<std::int64_t> buckets;
-  for (std::int64_t m : rows) {
-    const std::int64_t b = bucket_of(m);
-    if (std::find(buckets.begin(), buckets.end(), b) == buckets.end()) buckets.push_back(b);
-  }
-  std::sort(buckets.begin(), buckets.end());
+  std::vector<GemmTuning> tunings;
+  for (const auto& c : configs) tunings.push_back(GemmTuning{std::atoi(c.c_str()), c.back() == 's'});
+  std::int64_t max_rows = *std::max_element(rows.begin(), rows.end());
+  max_rows = std::max(max_rows, (max_rows + 31) / 32 * 32);  // a tuned bucket's own row count
 
   // A block of random bf16 values (truncated floats of std 0.05, the activations' scale does
   // not matter) tiled over every buffer.
@@ -172,12 +163,12 @@ int main(int argc, char** argv) {
 
   std::printf("L2 %d MB; buckets tuned at their own row counts, then each row count timed (us per GEMM)\n\n", l2 >> 20);
   std::printf("| model | shape | MB | rows | heuristic us | TB/s |");
-  for (int c : counts) std::printf(" N=%d us |", c);
-  std::printf(" heuristic algorithm | N=%d algorithm |\n", counts.back());
+  for (const auto& c : configs) std::printf(" %s us |", c.c_str());
+  std::printf(" heuristic algorithm | %s algorithm |\n", configs.back().c_str());
   std::printf("| --- | --- | ---: | ---: | ---: | ---: |");
-  for (std::size_t i = 0; i < counts.size(); ++i) std::printf(" ---: |");
+  for (std::size_t i = 0; i < configs.size(); ++i) std::printf(" ---: |");
   std::printf(" --- | --- |\n");
-  std::vector<double> tune_seconds(counts.size(), 0.0);
+  std::vector<double> tune_seconds(configs.size(), 0.0);
   for (const std::string& model : models) {
     for (const GemmShape& s : shapes_of(model)) {
       const std::size_t w_bytes = static_cast<std::size_t>(s.n * s.k) * 2;
@@ -197,11 +188,15 @@ int main(int argc, char** argv) {
       check(cudaMalloc(&ops.out, out_bytes), "malloc out");
       check(cudaMemset(ops.out, 0, out_bytes), "memset out");
 
-      Gemm heuristic(stream, arena, 0);
+      Gemm heuristic(stream, arena);
       std::vector<std::unique_ptr<Gemm>> tuned;
-      for (std::size_t c = 0; c < counts.size(); ++c) {
-        tuned.push_back(std::make_unique<Gemm>(stream, arena, counts[c]));
+      for (std::size_t c = 0; c < tunings.size(); ++c) {
+        tuned.push_back(std::make_unique<Gemm>(stream, arena, tunings[c]));
         Gemm& g = *tuned.back();
+        std::vector<std::int64_t> buckets;  // each tuned at its own row count, as the warm-up does
+        for (std::int64_t m : rows) buckets.push_back(g.bucket_rows(m));
+        std::sort(buckets.begin(), buckets.end());
+        buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
         g.set_tuning(true);
         const auto t0 = std::chrono::steady_clock::now();
         for (std::int64_t b : buckets)
@@ -230,7 +225,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\ntuning time (host, all shapes and buckets of the models above):");
-  for (std::size_t c = 0; c < counts.size(); ++c) std::printf(" N=%d %.3f s;", counts[c], tune_seconds[c]);
+  for (std::size_t c = 0; c < configs.size(); ++c) std::printf(" %s %.3f s;", configs[c].c_str(), tune_seconds[c]);
   std::printf("\n");
   (void)cudaFree(tile);
   (void)cudaStreamDestroy(stream);

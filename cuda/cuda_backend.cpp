@@ -269,11 +269,14 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
-  // Candidates timed per batched-decode GEMM row bucket during the load's warm-up (cuda/gemm.hpp);
-  // XSERV_CUDA_GEMM_TUNE=0 keeps the heuristic's first everywhere (as before, for comparisons).
-  int gemm_tune = default_gemm_tune_candidates;
-  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tune = std::atoi(env);
-  gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tune);
+  // cuBLASLt algorithms of the batched-decode row buckets timed during the load's warm-up
+  // (cuda/gemm.hpp): XSERV_CUDA_GEMM_TUNE=N times the heuristic's first N (0: the heuristic's
+  // first everywhere, as before, for comparisons), XSERV_CUDA_GEMM_TUNE_SPLITK=0 leaves out the
+  // split-K variants.
+  GemmTuning gemm_tuning = default_gemm_tuning;
+  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tuning.candidates = std::atoi(env);
+  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE_SPLITK")) gemm_tuning.split_k = std::string_view(env) != "0";
+  gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);

@@ -1,16 +1,22 @@
 // GEMMs through cuBLASLt: one handle and one workspace for the backend's life, matmul plans
-// (descriptors and layouts) cached per shape and one algorithm per row bucket (see
-// heuristic_rows), so a decode step pays no setup and a new prompt length no heuristic query.
-// bf16/f16 on tensor cores with f32 accumulation; f32 with plain f32 compute (no TF32) for GPT-2
-// parity. Bias rides the BIAS epilogue, a residual add is beta = 1 on C = D.
+// (descriptors and layouts) cached per shape and one algorithm per row bucket (bucket_rows), so a
+// decode step pays no setup and a new prompt length no heuristic query. bf16/f16 on tensor cores
+// with f32 accumulation; f32 with plain f32 compute (no TF32) for GPT-2 parity. Bias rides the
+// BIAS epilogue, a residual add is beta = 1 on C = D.
 //
-// The algorithm of a row bucket is the heuristic's first, or, for the buckets of batched decode
-// (9..256 rows) met while tuning is on (the model's load-time warm-up), the fastest of the
-// heuristic's first `tune_candidates` by measurement: each candidate runs on the live input and
+// The algorithm of a row bucket is the heuristic's first or, with tuning (GemmTuning), for the
+// buckets of batched decode (9..256 rows, per 32 rows above 16) met while tuning is on (the
+// model's load-time warm-up), the fastest by measurement of the heuristic's first candidates and
+// split-K variants of its best few (the heuristic seldom offers them for the small memory-bound
+// layer GEMMs of decode, whose tiles leave SMs idle). Each candidate runs on the live input and
 // weight (read only) into a scratch output with beta = 0, cycling over copies of the weight that
-// together exceed the L2 cache (a decode step streams every layer's weight from DRAM), and the
-// median of a few timed passes decides. Never during CUDA graph capture (cudaStreamIsCapturing):
-// there, and for buckets met first after the warm-up, the heuristic's first is taken as before.
+// together exceed twice the L2 cache (a decode step streams every layer's weight from DRAM),
+// recorded into a CUDA graph (as a decode step replays it: launch overhead would otherwise
+// decide between the few-microsecond kernels), and the median of a few replays decides; a
+// candidate replaces the heuristic's first only when it is clearly faster (min_gain), so noise
+// does not change the algorithm (and the rounding) from one load to the next. Never during CUDA
+// graph capture (cudaStreamIsCapturing): there, and for buckets met first after the warm-up, the
+// heuristic's first is taken as before.
 #pragma once
 
 #include <cublasLt.h>
@@ -28,14 +34,19 @@
 
 namespace xserv::cuda {
 
-// How many of the heuristic's algorithms the CUDA backend times per batched-decode row bucket
-// (XSERV_CUDA_GEMM_TUNE overrides; 0 or 1: no tuning).
-constexpr int default_gemm_tune_candidates = 16;
+// Measured algorithm choice (see the file comment). candidates < 2: none, the heuristic's first
+// everywhere with power-of-two row buckets above 8 (as before 2026-12-02).
+struct GemmTuning {
+  int candidates = 0;   // the heuristic's first this many are timed
+  bool split_k = true;  // and split-K variants of its best few
+};
+// The CUDA backend's (XSERV_CUDA_GEMM_TUNE=N sets the candidates, 0 turns tuning off;
+// XSERV_CUDA_GEMM_TUNE_SPLITK=0 leaves the split-K variants out).
+constexpr GemmTuning default_gemm_tuning{16, true};
 
 class Gemm {
  public:
-  // tune_candidates: how many of the heuristic's algorithms tuning times (0: tuning never runs).
-  Gemm(cudaStream_t stream, Allocator& workspace_allocator, int tune_candidates = 0);
+  Gemm(cudaStream_t stream, Allocator& workspace_allocator, GemmTuning tuning = {});
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -49,6 +60,10 @@ class Gemm {
   // (outside graph capture) is chosen by timing; off frees the tuning scratch. The model's
   // warm-up turns it on (Backend::set_warming_up), so no request pays for the measurements.
   void set_tuning(bool on);
+  // The row count whose algorithm a GEMM of m rows uses: m itself up to 8 rows, then the next
+  // power of two, except 17..256 rows, which go per 32 rows when tuning is configured. The
+  // warm-up's forwards meet every tuned bucket at its own row count.
+  std::int64_t bucket_rows(std::int64_t m) const noexcept;
   // Row buckets whose algorithm was chosen by timing so far (tests and benchmarks).
   std::size_t tuned_buckets() const noexcept { return tuned_; }
   // The last run's algorithm as cuBLASLt describes it ("algo 66 tile 17 stages 21 split-k 1
@@ -67,9 +82,15 @@ class Gemm {
   std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, cublasLtMatrixLayout_t a,
                                                cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                                std::array<int, 3> alignment, const Key& key, int count);
+  // Split-K variants of the first few algorithms that this shape runs, appended.
+  void add_split_k_variants(const Plan& p, std::vector<cublasLtMatmulAlgo_t>& algos);
   // The fastest candidate on this exact shape (see the file comment); the heuristic's first
   // when none could be timed (no scratch memory).
   cublasLtMatmulAlgo_t tune(const Plan& p, const Key& key, const void* a, const void* w, const void* bias);
+  // Median milliseconds of one pass over `weights` with `algo` (graph replays); infinity when
+  // the algorithm does not launch.
+  float time_pass(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a,
+                  const std::vector<const void*>& weights, void* out);
   bool tunable(const Key& bucket) const;
 
   cudaStream_t stream_;
@@ -77,7 +98,7 @@ class Gemm {
   Buffer workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;  // per exact shape
   std::map<Key, cublasLtMatmulAlgo_t> algos_;   // the choice per row bucket
-  int tune_candidates_;
+  GemmTuning tune_config_;
   bool tuning_ = false;
   std::size_t tuned_ = 0;
   void* scratch_ = nullptr;  // tuning only: weight copies and the output (cudaMalloc, grows)

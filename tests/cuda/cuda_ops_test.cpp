@@ -161,9 +161,9 @@ TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture 
     std::int64_t m, k, n;
     WeightLayout layout;
   };
-  // First each tuned bucket's own row count (16 .. 256: timed when met first), then rows inside
-  // buckets, which take their bucket's timed algorithm (or the exact shape's heuristic when it
-  // does not run them).
+  // First tuned buckets' own row counts (16, then multiples of 32 up to 256: timed when met
+  // first), then rows inside buckets, which take their bucket's timed algorithm (or the exact
+  // shape's heuristic when it does not run them; 200 is first met inside bucket 224: heuristic).
   const Case cases[] = {{16, 512, 256, WeightLayout::out_in},   {32, 1024, 768, WeightLayout::out_in},
                         {64, 768, 2304, WeightLayout::in_out},  {128, 2048, 512, WeightLayout::out_in},
                         {256, 512, 1024, WeightLayout::out_in}, {40, 1024, 768, WeightLayout::out_in},
@@ -201,12 +201,20 @@ TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture 
           accumulate ? 1.0f : 0.0f, c.m, c.n, c.k);
   };
 
-  // Tuning on (as in the load's warm-up), on the backend's stream: 4 candidates timed a bucket.
-  cuda::Gemm gemm(static_cast<cudaStream_t>(be.gpu->native_stream()), be.gpu->allocator(), 4);
+  // Tuning on (as in the load's warm-up), on the backend's stream: the heuristic's first 3
+  // and split-K variants of them timed a bucket (which one wins depends on the timing; each
+  // timed candidate is a valid algorithm of the shape, and the chosen one is checked here).
+  const cuda::GemmTuning tuning{3, true};
+  cuda::Gemm gemm(static_cast<cudaStream_t>(be.gpu->native_stream()), be.gpu->allocator(), tuning);
+  CHECK(gemm.bucket_rows(40) == 64);
+  CHECK(gemm.bucket_rows(100) == 128);
+  CHECK(gemm.bucket_rows(12) == 16);
+  CHECK(gemm.bucket_rows(300) == 512);
   gemm.set_tuning(true);
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int variant = 0; variant < 4; ++variant) {
+      // f32 (GPT-2's path) with and without bias and residual together; bf16 every combination.
+      for (int variant : dt == DType::f32 ? std::vector<int>{0, 3} : std::vector<int>{0, 1, 2, 3}) {
         const bool bias = variant & 1, accumulate = variant & 2;
         INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " out_in="
                             << (c.layout == WeightLayout::out_in) << " bias=" << bias << " beta=" << accumulate);
@@ -226,7 +234,7 @@ TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture 
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   {
-    cuda::Gemm captured(stream, be.gpu->allocator(), 4);
+    cuda::Gemm captured(stream, be.gpu->allocator(), tuning);
     captured.set_tuning(true);
     // The key of a bf16 case above, so its kernels are loaded (the backend too records a graph
     // only after an eager run, in which kernels load).
