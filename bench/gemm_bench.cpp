@@ -3,9 +3,10 @@
 // algorithm (XSERV_CUDA_GEMM_TUNE=0, before) against the fastest of its first N candidates by
 // timing, with and without split-K variants (the load's warm-up tuning, after; GemmTuning), at
 // the row buckets' own row counts and at rows inside buckets (the engine pads decode steps to
-// multiples of 8, which take their bucket's algorithm; tuned buckets go per 32 rows). Each figure is the time per GEMM of back-to-back launches recorded into a CUDA
-// graph and replayed, cycling over copies of the weight that together exceed the L2 cache, so
-// every launch streams its weight from DRAM as in a decode step. Prints, per shape and row count:
+// multiples of 8, which take their bucket's algorithm; tuned buckets go per 32 rows). Each figure
+// is the time per GEMM of back-to-back launches recorded into a CUDA graph and replayed, cycling
+// over copies of the weight that together exceed the L2 cache, so every launch streams its weight
+// from DRAM as in a decode step. Prints, per shape and row count:
 //   us and weight TB/s of the heuristic's first, then us per tuning configuration ("16": the
 //   heuristic's first 16, "16s": and split-K variants), and the algorithms (cublasLt.h's enum
 //   numbers: algo id, tile, split-k, reduction, stages, ...);
@@ -78,13 +79,16 @@ struct Operands {
 };
 
 // Microseconds per GEMM of `m` rows through `gemm` (its plan made before the capture).
-double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Operands& ops, std::int64_t m) {
+double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Operands& ops,
+                 std::int64_t m) {
   auto launch = [&](const void* w) {
-    gemm.run(DType::bf16, s.out_dt, ops.out, s.n, ops.a, w, WeightLayout::out_in, nullptr, s.beta, m, s.n, s.k);
+    gemm.run(DType::bf16, s.out_dt, ops.out, s.n, ops.a, w, WeightLayout::out_in, nullptr, s.beta,
+             m, s.n, s.k);
   };
   launch(ops.weights[0]);
   check(cudaStreamSynchronize(stream), "eager run");
-  const std::size_t per_graph = ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
+  const std::size_t per_graph =
+      ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
   cudaGraph_t graph = nullptr;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
   for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
@@ -125,7 +129,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--configs") == 0) {
       configs = v;
     } else {
-      std::fprintf(stderr, "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]\n");
+      std::fprintf(
+          stderr,
+          "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]\n");
       return 2;
     }
   }
@@ -136,7 +142,8 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   DeviceArena arena(0, std::size_t{256} << 20);
   std::vector<GemmTuning> tunings;
-  for (const auto& c : configs) tunings.push_back(GemmTuning{std::atoi(c.c_str()), c.back() == 's'});
+  for (const auto& c : configs)
+    tunings.push_back(GemmTuning{std::atoi(c.c_str()), c.back() == 's'});
   std::int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   max_rows = std::max(max_rows, (max_rows + 31) / 32 * 32);  // a tuned bucket's own row count
 
@@ -157,11 +164,15 @@ int main(int argc, char** argv) {
   check(cudaMemcpy(tile, host.data(), tile_bytes, cudaMemcpyHostToDevice), "upload");
   auto fill = [&](void* p, std::size_t bytes) {
     for (std::size_t off = 0; off < bytes; off += tile_bytes)
-      check(cudaMemcpy(static_cast<char*>(p) + off, tile, std::min(tile_bytes, bytes - off), cudaMemcpyDeviceToDevice),
+      check(cudaMemcpy(static_cast<char*>(p) + off, tile, std::min(tile_bytes, bytes - off),
+                       cudaMemcpyDeviceToDevice),
             "fill");
   };
 
-  std::printf("L2 %d MB; buckets tuned at their own row counts, then each row count timed (us per GEMM)\n\n", l2 >> 20);
+  std::printf(
+      "L2 %d MB; buckets tuned at their own row counts, then each row count timed (us per "
+      "GEMM)\n\n",
+      l2 >> 20);
   std::printf("| model | shape | MB | rows | heuristic us | TB/s |");
   for (const auto& c : configs) std::printf(" %s us |", c.c_str());
   std::printf(" heuristic algorithm | %s algorithm |\n", configs.back().c_str());
@@ -200,17 +211,18 @@ int main(int argc, char** argv) {
         g.set_tuning(true);
         const auto t0 = std::chrono::steady_clock::now();
         for (std::int64_t b : buckets)
-          g.run(DType::bf16, s.out_dt, ops.out, s.n, ops.a, ops.weights[0], WeightLayout::out_in, nullptr, s.beta,
-                b, s.n, s.k);
+          g.run(DType::bf16, s.out_dt, ops.out, s.n, ops.a, ops.weights[0], WeightLayout::out_in,
+                nullptr, s.beta, b, s.n, s.k);
         check(cudaStreamSynchronize(stream), "tuning");
-        tune_seconds[c] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tune_seconds[c] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         g.set_tuning(false);
       }
       for (std::int64_t m : rows) {
         const double h_us = time_gemm(stream, heuristic, s, ops, m);
         const std::string h_algo = heuristic.last_algorithm();
-        std::printf("| %s | %s | %.1f | %lld | %.1f | %.2f |", model.c_str(), s.name.c_str(), w_bytes / 1e6,
-                    static_cast<long long>(m), h_us, w_bytes / h_us / 1e6);
+        std::printf("| %s | %s | %.1f | %lld | %.1f | %.2f |", model.c_str(), s.name.c_str(),
+                    w_bytes / 1e6, static_cast<long long>(m), h_us, w_bytes / h_us / 1e6);
         std::string last_algo;
         for (auto& g : tuned) {
           std::printf(" %.1f |", time_gemm(stream, *g, s, ops, m));
@@ -225,7 +237,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\ntuning time (host, all shapes and buckets of the models above):");
-  for (std::size_t c = 0; c < configs.size(); ++c) std::printf(" %s %.3f s;", configs[c].c_str(), tune_seconds[c]);
+  for (std::size_t c = 0; c < configs.size(); ++c)
+    std::printf(" %s %.3f s;", configs[c].c_str(), tune_seconds[c]);
   std::printf("\n");
   (void)cudaFree(tile);
   (void)cudaStreamDestroy(stream);

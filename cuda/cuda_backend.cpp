@@ -270,9 +270,9 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
   // cuBLASLt algorithms of the batched-decode row buckets timed during the load's warm-up
-  // (cuda/gemm.hpp): XSERV_CUDA_GEMM_TUNE=N times the heuristic's first N (0: the heuristic's
-  // first everywhere, as before, for comparisons), XSERV_CUDA_GEMM_TUNE_SPLITK=0 leaves out the
-  // split-K variants.
+  // (cuda/gemm.hpp; off by default, measured no faster): XSERV_CUDA_GEMM_TUNE=N times the
+  // heuristic's first N (0: the heuristic's first everywhere), XSERV_CUDA_GEMM_TUNE_SPLITK=0
+  // leaves out the split-K variants.
   GemmTuning gemm_tuning = default_gemm_tuning;
   if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tuning.candidates = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE_SPLITK")) gemm_tuning.split_k = std::string_view(env) != "0";

@@ -82,9 +82,10 @@ void Gemm::set_tuning(bool on) {
 // Above 8 rows: power-of-two buckets. A heuristic query costs about 3 ms and a prefill meets ~5
 // weight shapes, so querying every new prompt length made an unseen length pay ~15 ms before its
 // first token (issue 12); with buckets there are ~10 queries per shape for the life of the
-// backend, and the warm-up at load makes them all. Tuned, the decode range goes per 32 rows: an
-// algorithm timed at 128 rows was up to 25% slower than the heuristic's at 72 or 160
-// (docs/benchmarks.md, issue 10, "cuBLASLt algorithms by measurement").
+// backend, and the warm-up at load makes them all. Tuned, the decode range goes per 32 rows: a
+// GEMM of 72 or 160 rows ran its power-of-two bucket's algorithm up to 1.5x slower than that
+// bucket's own, larger row count, and most ran 5-40% faster per 32 rows (docs/benchmarks.md,
+// issue 10, "cuBLASLt algorithms by measurement").
 std::int64_t Gemm::bucket_rows(std::int64_t m) const noexcept {
   if (m <= 8) return m;
   if (tune_config_.candidates >= 2 && m > tune_min_bucket && m <= tune_max_bucket)
@@ -261,10 +262,10 @@ float Gemm::time_pass(const Plan& p, const cublasLtMatmulAlgo_t& algo, const voi
   cudaGraph_t graph = nullptr;
   XSERV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   const bool recorded = pass();
-  XSERV_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const bool ended = cudaStreamEndCapture(stream_, &graph) == cudaSuccess;  // false: a call broke the capture
   cudaGraphExec_t exec = nullptr;
-  const bool ready = recorded && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  (void)cudaGraphDestroy(graph);
+  const bool ready = recorded && ended && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (graph) (void)cudaGraphDestroy(graph);
   if (!ready) {
     (void)cudaGetLastError();
     return never;

@@ -40,9 +40,14 @@ struct GemmTuning {
   int candidates = 0;   // the heuristic's first this many are timed
   bool split_k = true;  // and split-K variants of its best few
 };
-// The CUDA backend's (XSERV_CUDA_GEMM_TUNE=N sets the candidates, 0 turns tuning off;
-// XSERV_CUDA_GEMM_TUNE_SPLITK=0 leaves the split-K variants out).
-constexpr GemmTuning default_gemm_tuning{16, true};
+// The CUDA backend's: off. Measured on the H200 (docs/benchmarks.md, issue 10, "cuBLASLt
+// algorithms by measurement"): at the 64 and 128 rows of serving 64 / 128 requests at once the
+// heuristic's first is within ~5% of the best of its first 16 and their split-K variants, so
+// serving Qwen3-1.7B / 8B did not get faster (within run-to-run noise) while the load took 1.5 /
+// 3.3 s longer; most GEMMs of rows between powers of two (72..192) ran 5-40% faster.
+// XSERV_CUDA_GEMM_TUNE=N turns it on with N candidates, XSERV_CUDA_GEMM_TUNE_SPLITK=0 leaves
+// the split-K variants out.
+constexpr GemmTuning default_gemm_tuning{0, true};
 
 class Gemm {
  public:

@@ -120,9 +120,10 @@ void Model::warm_up() {
     WarmingUp& operator=(const WarmingUp&) = delete;
   } warming_up(backend_);
   // Every length up to 8 (GEMM algorithms are chosen per exact row count there), 16, every
-  // multiple of 32 up to 256 (batched decode's GEMM buckets, timed on CUDA: cuda/gemm.hpp), then
-  // powers of two (one choice per bucket). Every row is a logits row while they fit, so the
-  // lm_head meets the row counts of batched decode steps too (one token a sequence).
+  // multiple of 32 up to 256 (batched decode's GEMM buckets when the CUDA backend times them,
+  // XSERV_CUDA_GEMM_TUNE: cuda/gemm.hpp), then powers of two (one choice per bucket). Every row
+  // is a logits row while they fit, so the lm_head meets the row counts of batched decode steps
+  // too (one token a sequence).
   auto next = [](std::int32_t m) { return m < 8 ? m + 1 : m < 32 ? 2 * m : m < 256 ? m + 32 : 2 * m; };
   for (std::int32_t m = 1;; m = std::min(next(m), longest)) {
     ForwardBatch b;
