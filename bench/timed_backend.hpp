@@ -138,6 +138,7 @@ class TimedBackend final : public Backend {
     inner_->run_graph(key, ops);
   }
   bool records_graphs() const noexcept override { return inner_->records_graphs(); }
+  void set_warming_up(bool on) override { inner_->set_warming_up(on); }
   std::size_t recorded_graphs() const noexcept override { return inner_->recorded_graphs(); }
 
  private:

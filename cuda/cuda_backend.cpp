@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   }
   void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
   void* native_stream() noexcept override { return stream_; }
+  void set_warming_up(bool on) override { gemm_->set_tuning(on); }
 
   void embedding(Tensor out, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
                  const Tensor& positions) override;
@@ -268,7 +269,14 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
-  gemm_ = std::make_unique<Gemm>(stream_, work_);
+  // cuBLASLt algorithms of the batched-decode row buckets timed during the load's warm-up
+  // (cuda/gemm.hpp; off by default, measured no faster): XSERV_CUDA_GEMM_TUNE=N times the
+  // heuristic's first N (0: the heuristic's first everywhere), XSERV_CUDA_GEMM_TUNE_SPLITK=0
+  // leaves out the split-K variants.
+  GemmTuning gemm_tuning = default_gemm_tuning;
+  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tuning.candidates = std::atoi(env);
+  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE_SPLITK")) gemm_tuning.split_k = std::string_view(env) != "0";
+  gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);

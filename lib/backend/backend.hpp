@@ -141,6 +141,11 @@ class Backend {
   // The stream ops are enqueued on (CUDA: its cudaStream_t), for a collective library that
   // must enqueue on it too (NCCL); nullptr for the CPU.
   virtual void* native_stream() noexcept { return nullptr; }
+  // Model::warm_up runs its forwards between set_warming_up(true) and set_warming_up(false):
+  // there a backend may pay one-time costs that a request must not, such as choosing launch
+  // configurations by timing them (CUDA: cuBLASLt algorithms of the batched-decode row buckets,
+  // cuda/gemm.hpp). Default: nothing.
+  virtual void set_warming_up(bool on) { (void)on; }
 
   // ---- ops -----------------------------------------------------------------------------
   // out[T, d] = table[ids[t]] (+ pos_table[positions[t]] when pos_table is not empty).

@@ -110,9 +110,22 @@ void Model::warm_up() {
   // Blocks 0 .. for the longest prompt, addressed directly (the pool needs at least two).
   kv::KvCache cache(backend_, kv_spec(),
                     kv::KvCacheOptions{block, std::max(2, (longest + block - 1) / block), 0});
-  // Every length up to 8 (GEMM algorithms are chosen per exact row count there), then powers
-  // of two (one choice per bucket above 8).
-  for (std::int32_t m = 1;; m = std::min(m < 8 ? m + 1 : m * 2, longest)) {
+  // The backend may time kernel choices while this runs (Backend::set_warming_up), also when a
+  // forward throws.
+  struct WarmingUp {
+    Backend& be;
+    explicit WarmingUp(Backend& b) : be(b) { be.set_warming_up(true); }
+    ~WarmingUp() { be.set_warming_up(false); }
+    WarmingUp(const WarmingUp&) = delete;
+    WarmingUp& operator=(const WarmingUp&) = delete;
+  } warming_up(backend_);
+  // Every length up to 8 (GEMM algorithms are chosen per exact row count there), 16, every
+  // multiple of 32 up to 256 (batched decode's GEMM buckets when the CUDA backend times them,
+  // XSERV_CUDA_GEMM_TUNE: cuda/gemm.hpp), then powers of two (one choice per bucket). Every row
+  // is a logits row while they fit, so the lm_head meets the row counts of batched decode steps
+  // too (one token a sequence).
+  auto next = [](std::int32_t m) { return m < 8 ? m + 1 : m < 32 ? 2 * m : m < 256 ? m + 32 : 2 * m; };
+  for (std::int32_t m = 1;; m = std::min(next(m), longest)) {
     ForwardBatch b;
     for (std::int32_t i = 0; i < m; ++i) {
       b.token_ids.push_back(i % config_.vocab_size);
@@ -123,8 +136,12 @@ void Model::warm_up() {
     b.context_lens = {m};
     b.max_blocks_per_seq = (m + block - 1) / block;
     for (std::int32_t i = 0; i < b.max_blocks_per_seq; ++i) b.block_tables.push_back(i);
-    b.logit_rows = {m - 1};
-    Tensor logits = forward(b, cache);
+    if (m <= max_logit_rows_) {
+      for (std::int32_t i = 0; i < m; ++i) b.logit_rows.push_back(i);
+    } else {
+      b.logit_rows = {m - 1};
+    }
+    const Tensor logits = forward(b, cache);  // rank 0's rows; other ranks' are empty
     // The default sampling path of chat models (temperature, top-k, top-p) and greedy.
     SamplingBatch params;
     params.rows.push_back(SamplingRow{});
@@ -132,7 +149,7 @@ void Model::warm_up() {
     params.rows[0].top_k = 20;
     params.rows[0].top_p = 0.95f;
     std::int32_t id = 0;
-    if (shard_.leader()) backend_.sample(logits, params, &id);
+    if (shard_.leader()) backend_.sample(logits.rows(logits.shape[0] - 1, 1), params, &id);
     if (m == longest) break;
   }
   backend_.synchronize();

@@ -35,11 +35,11 @@ struct ModelOptions {
   std::int32_t max_logit_rows = 0;
   // Called after each weight is resident: (bytes done, bytes total).
   std::function<void(std::size_t, std::size_t)> on_progress;
-  // On a device backend (CUDA), run a prompt of each length 1..8 and each power-of-two length
-  // up to max_batch_tokens
-  // and a sampling at the end of the load, so the one-time costs of first use (GEMM algorithm
-  // choice per row bucket, first kernel launches) are paid here and not by a request's first
-  // token. Ignored on the CPU, which has none.
+  // On a device backend (CUDA), run a prompt of each length 1..8, 16, each multiple of 32 up to
+  // 256 and each power-of-two length up to max_batch_tokens, and a sampling, at the end of the
+  // load, so the one-time costs of first use (GEMM algorithm choice per row bucket, optionally
+  // timed for batched decode's: Backend::set_warming_up; first kernel launches) are paid here
+  // and not by a request's first token. Ignored on the CPU, which has none.
   bool warm_up = true;
   // Tensor parallelism: this model is rank communicator->rank() of communicator->size() and
   // loads only its Shard; its forward sums the row-parallel GEMMs' partial results over the

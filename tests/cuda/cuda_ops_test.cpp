@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
+#include "cuda/gemm.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "support/scoped_env.hpp"
@@ -150,6 +151,126 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
       }
     }
   }
+}
+
+TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture takes the heuristic", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(31);
+  struct Case {
+    std::int64_t m, k, n;
+    WeightLayout layout;
+  };
+  // First tuned buckets' own row counts (16, then multiples of 32 up to 256: timed when met
+  // first), then rows inside buckets, which take their bucket's timed algorithm (or the exact
+  // shape's heuristic when it does not run them; 200 is first met inside bucket 224: heuristic).
+  const Case cases[] = {{16, 512, 256, WeightLayout::out_in},   {32, 1024, 768, WeightLayout::out_in},
+                        {64, 768, 2304, WeightLayout::in_out},  {128, 2048, 512, WeightLayout::out_in},
+                        {256, 512, 1024, WeightLayout::out_in}, {40, 1024, 768, WeightLayout::out_in},
+                        {100, 2048, 512, WeightLayout::out_in}, {200, 512, 1024, WeightLayout::out_in}};
+  struct Inputs {
+    std::vector<float> a, w, bias, out0, want;
+    Tensor ga, gw, gbias, gout;
+  };
+  // Random inputs on both backends and the CPU result; `out` starts as out0 (accumulate) or NaN.
+  auto make = [&](DType dt, const Case& c, bool bias, bool accumulate) {
+    Inputs in;
+    in.a = randn(rng, static_cast<std::size_t>(c.m * c.k));
+    in.w = randn(rng, static_cast<std::size_t>(c.k * c.n), 0.05f);
+    in.bias = randn(rng, static_cast<std::size_t>(c.n));
+    in.out0 = randn(rng, static_cast<std::size_t>(c.m * c.n));
+    for (auto* v : {&in.a, &in.w, &in.bias, &in.out0}) round_through(*v, dt);
+    const Shape ws = c.layout == WeightLayout::in_out ? Shape{c.k, c.n} : Shape{c.n, c.k};
+    in.want = in.out0;
+    be.cpu.gemm(host_view(in.want, {c.m, c.n}), host_view(in.a, {c.m, c.k}), host_view(in.w, ws), c.layout,
+                bias ? host_view(in.bias, {c.n}) : Tensor(), accumulate ? 1.0f : 0.0f);
+    in.ga = be.gpu_tensor(in.a, dt, {c.m, c.k});
+    in.gw = be.gpu_tensor(in.w, dt, ws);
+    in.gbias = be.gpu_tensor(in.bias, dt, {c.n});
+    in.gout = accumulate ? be.gpu_tensor(in.out0, dt, {c.m, c.n}) : be.gpu_poisoned(dt, {c.m, c.n});
+    return in;
+  };
+  auto check = [&](DType dt, const Case& c, const Inputs& in) {
+    // As the gemm test: absolute tolerance scales with sqrt(k) (sums of k terms of std ~0.05).
+    const double scale = 0.05 * std::sqrt(static_cast<double>(c.k));
+    require_close(be.read(in.gout), in.want, (dt == DType::f32 ? 2e-5 : 1e-2) * scale + 1e-6,
+                  dt == DType::f32 ? 1e-4 : 1.5e-2);
+  };
+  auto run = [](cuda::Gemm& g, DType dt, const Case& c, const Inputs& in, bool bias, bool accumulate) {
+    g.run(dt, dt, in.gout.data, c.n, in.ga.data, in.gw.data, c.layout, bias ? in.gbias.data : nullptr,
+          accumulate ? 1.0f : 0.0f, c.m, c.n, c.k);
+  };
+
+  // Tuning on (as in the load's warm-up), on the backend's stream: the heuristic's first 3
+  // and split-K variants of them timed a bucket (which one wins depends on the timing; each
+  // timed candidate is a valid algorithm of the shape, and the chosen one is checked here).
+  const cuda::GemmTuning tuning{3, true};
+  cuda::Gemm gemm(static_cast<cudaStream_t>(be.gpu->native_stream()), be.gpu->allocator(), tuning);
+  CHECK(gemm.bucket_rows(40) == 64);
+  CHECK(gemm.bucket_rows(100) == 128);
+  CHECK(gemm.bucket_rows(12) == 16);
+  CHECK(gemm.bucket_rows(300) == 512);
+  gemm.set_tuning(true);
+  for (DType dt : kActs) {
+    for (const auto& c : cases) {
+      // f32 (GPT-2's path) with and without bias and residual together; bf16 every combination.
+      for (int variant : dt == DType::f32 ? std::vector<int>{0, 3} : std::vector<int>{0, 1, 2, 3}) {
+        const bool bias = variant & 1, accumulate = variant & 2;
+        INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " out_in="
+                            << (c.layout == WeightLayout::out_in) << " bias=" << bias << " beta=" << accumulate);
+        const Inputs in = make(dt, c, bias, accumulate);
+        run(gemm, dt, c, in, bias, accumulate);
+        check(dt, c, in);
+      }
+    }
+  }
+  // Every (dtype, bias, beta) combination met buckets 16..256 at their own row counts first.
+  INFO("buckets tuned: " << gemm.tuned_buckets());
+  CHECK(gemm.tuned_buckets() > 0);
+  gemm.set_tuning(false);
+
+  // During graph capture no timing may run (events, a host wait): a new bucket takes the
+  // heuristic's first, and the recorded GEMM (bias, beta = 1) gives the same result.
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    cuda::Gemm captured(stream, be.gpu->allocator(), tuning);
+    captured.set_tuning(true);
+    // The key of a bf16 case above, so its kernels are loaded (the backend too records a graph
+    // only after an eager run, in which kernels load).
+    const Case c{64, 768, 2304, WeightLayout::in_out};
+    const Inputs in = make(DType::bf16, c, true, true);
+    be.gpu->synchronize();  // the inputs are on the device before the other stream reads them
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    bool ran = true;
+    try {
+      run(captured, DType::bf16, c, in, true, true);
+    } catch (const Error& e) {
+      INFO(e.what());
+      ran = false;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    REQUIRE(ran);
+    REQUIRE(ended == cudaSuccess);
+    CHECK(captured.tuned_buckets() == 0);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+    check(DType::bf16, c, in);
+    // Outside capture the next bucket is timed again.
+    const Case d{128, 512, 256, WeightLayout::out_in};
+    const Inputs in2 = make(DType::bf16, d, false, false);
+    be.gpu->synchronize();
+    run(captured, DType::bf16, d, in2, false, false);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    check(DType::bf16, d, in2);
+    CHECK(captured.tuned_buckets() == 1);
+  }
+  (void)cudaStreamDestroy(stream);
 }
 
 TEST_CASE("cuda skinny gemm: which products take the tensor-core kernel", "[cuda]") {
