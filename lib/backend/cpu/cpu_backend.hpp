@@ -67,7 +67,7 @@ class CpuBackend final : public Backend {
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
 
   std::size_t threads() const noexcept { return pool_.size(); }
-  // How long its idle threads poll now (set per forward by upload_batch).
+  // How long its idle threads poll now (set by upload_batch and at the end of sample).
   std::uint32_t spin_us() const noexcept { return pool_.spin_us(); }
   const KernelTable& kernel_table() const noexcept { return *kernels_; }
 
@@ -80,10 +80,11 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
-  // How long idle threads poll: decode_spin_us_ (XSERV_CPU_SPIN_US, 20) for batches of up to
-  // gemv_max_rows tokens, prefill_spin_us_ (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200
-  // and decode's) for larger ones, set by upload_batch at the start of each forward.
-  std::uint32_t decode_spin_us_, prefill_spin_us_;
+  // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
+  // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_
+  // (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200 and decode's) for larger ones; from the
+  // end of sample() to the next forward, idle_spin_us_ (XSERV_CPU_IDLE_SPIN_US, 20).
+  std::uint32_t decode_spin_us_, prefill_spin_us_, idle_spin_us_;
   // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
   std::vector<std::int32_t> batch_storage_;
 };

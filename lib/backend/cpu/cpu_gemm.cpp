@@ -49,6 +49,38 @@ int gemm_prefetch() {
   return level;
 }
 
+// How a decode GEMV prefetches its weight stream (GemmProblem::gemv_prefetch_l1/_l2).
+struct GemvPrefetch {
+  bool l1;
+  std::int64_t l2_bytes;
+};
+
+// XSERV_CPU_GEMV_PREFETCH=l1 (the next rows into L1 only, as before the L2 prefetch existed),
+// off (none), l2:KB (KB ahead into L2 only) or both:KB (both); KB defaults to 32. Read once.
+// Default per vendor, from what was measured (docs/cpu.md, docs/benchmarks.md, issue 16):
+// GEMV_PREFETCH_DEFAULT_WHY
+GemvPrefetch gemv_prefetch() {
+  static const GemvPrefetch chosen = [] {
+    GemvPrefetch d{true, 0};  // other CPUs (not measured): the L1 prefetch alone
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("intel")) d = {true, 32 * 1024};
+    if (__builtin_cpu_is("amd")) d = {false, 32 * 1024};
+#endif
+    const char* v = std::getenv("XSERV_CPU_GEMV_PREFETCH");
+    if (!v) return d;
+    const std::string_view s(v);
+    if (s == "l1") return GemvPrefetch{true, 0};
+    if (s == "off") return GemvPrefetch{false, 0};
+    const bool both = s.starts_with("both");
+    if (!both && !s.starts_with("l2")) return d;
+    const std::size_t colon = s.find(':');
+    const long kb = colon == std::string_view::npos ? 32 : std::atol(v + colon + 1);
+    return kb > 0 ? GemvPrefetch{both, std::int64_t{kb} * 1024} : d;
+  }();
+  return chosen;
+}
+
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
 // instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
 std::int64_t gemm_kc() {
@@ -116,6 +148,9 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.ldo = ldo;
   p.kc = gemm_kc();
   p.pack_prefetch = gemm_prefetch();
+  const GemvPrefetch gp = gemv_prefetch();
+  p.gemv_prefetch_l1 = gp.l1;
+  p.gemv_prefetch_l2 = gp.l2_bytes;
   return p;
 }
 
