@@ -198,6 +198,20 @@ TEST_CASE("cpu gemm_parts rejects parts that do not fill out and a wrong bias co
   REQUIRE_THROWS_AS(be.gemm_parts(view(out, {2, 6}), view(a_wrong_k, {2, 2}), ws, {}), Error);
 }
 
+TEST_CASE("cpu XSERV_CPU_GEMV_PREFETCH values parse to the L1 and L2 prefetch they name", "[cpu]") {
+  using cpu::GemvPrefetch;
+  const GemvPrefetch fallback{false, 12345};
+  REQUIRE(cpu::parse_gemv_prefetch(nullptr, fallback) == fallback);
+  REQUIRE(cpu::parse_gemv_prefetch("l1", fallback) == GemvPrefetch{true, 0});
+  REQUIRE(cpu::parse_gemv_prefetch("off", fallback) == GemvPrefetch{false, 0});
+  REQUIRE(cpu::parse_gemv_prefetch("l2", fallback) == GemvPrefetch{false, 32 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("l2:16", fallback) == GemvPrefetch{false, 16 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("both", fallback) == GemvPrefetch{true, 32 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("both:64", fallback) == GemvPrefetch{true, 64 * 1024});
+  for (const char* bad : {"", "l3", "both:0", "l2:-4", "l2x", "bothx:8", "L1"})
+    REQUIRE(cpu::parse_gemv_prefetch(bad, fallback) == fallback);
+}
+
 TEST_CASE("cpu prefill GEMM split: whole tiles of 32 to 128 columns, row blocks only when needed",
           "[cpu]") {
   for (std::int64_t threads : {1, 2, 3, 8, 16})

@@ -103,6 +103,17 @@ struct GemmSplit {
 };
 GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
 
+// How a decode GEMV prefetches its weights (GemmProblem::gemv_prefetch_l1 / _l2).
+struct GemvPrefetch {
+  bool l1 = true;
+  std::int64_t l2_bytes = 0;
+  bool operator==(const GemvPrefetch&) const = default;
+};
+// An XSERV_CPU_GEMV_PREFETCH value: "l1" (L1 only), "off", "l2[:KB]" (L2 only, KB ahead, default
+// 32) or "both[:KB]"; `fallback` for null or anything else. The backend reads the variable once,
+// with the CPU vendor's default as the fallback (cpu_gemm.cpp).
+GemvPrefetch parse_gemv_prefetch(const char* value, GemvPrefetch fallback);
+
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
 // (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.
 float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,

@@ -49,16 +49,14 @@ int gemm_prefetch() {
   return level;
 }
 
-// How a decode GEMV prefetches its weight stream (GemmProblem::gemv_prefetch_l1/_l2).
-struct GemvPrefetch {
-  bool l1;
-  std::int64_t l2_bytes;
-};
-
 // XSERV_CPU_GEMV_PREFETCH=l1 (the next rows into L1 only, as before the L2 prefetch existed),
 // off (none), l2:KB (KB ahead into L2 only) or both:KB (both); KB defaults to 32. Read once.
 // Default per vendor, from what was measured (docs/cpu.md, docs/benchmarks.md, issue 16):
-// GEMV_PREFETCH_DEFAULT_WHY
+// - AMD, l2:32. The dev EPYC (Zen 4), DRAM-sized weights (cpu_ops_bench M = 1, the 77-311 MB
+//   lm_heads, medians of 3): one thread 8.3-10.6 GB/s with the L1 prefetch alone, 17.5-19.3
+//   with l2:32, 13.4-18.5 with both; two threads 15.6-19.8 -> 22-28. Qwen3-0.6B decode at 2
+//   threads 14.1 -> 21.2 tok/s (both:32: 19.7); GPT-2 f32 42.8 -> 48.7.
+// - Intel, both:32. GEMV_PREFETCH_INTEL_WHY
 GemvPrefetch gemv_prefetch() {
   static const GemvPrefetch chosen = [] {
     GemvPrefetch d{true, 0};  // other CPUs (not measured): the L1 prefetch alone
@@ -67,16 +65,7 @@ GemvPrefetch gemv_prefetch() {
     if (__builtin_cpu_is("intel")) d = {true, 32 * 1024};
     if (__builtin_cpu_is("amd")) d = {false, 32 * 1024};
 #endif
-    const char* v = std::getenv("XSERV_CPU_GEMV_PREFETCH");
-    if (!v) return d;
-    const std::string_view s(v);
-    if (s == "l1") return GemvPrefetch{true, 0};
-    if (s == "off") return GemvPrefetch{false, 0};
-    const bool both = s.starts_with("both");
-    if (!both && !s.starts_with("l2")) return d;
-    const std::size_t colon = s.find(':');
-    const long kb = colon == std::string_view::npos ? 32 : std::atol(v + colon + 1);
-    return kb > 0 ? GemvPrefetch{both, std::int64_t{kb} * 1024} : d;
+    return parse_gemv_prefetch(std::getenv("XSERV_CPU_GEMV_PREFETCH"), d);
   }();
   return chosen;
 }
@@ -210,6 +199,19 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
     }
   }
   return best;
+}
+
+GemvPrefetch parse_gemv_prefetch(const char* value, GemvPrefetch fallback) {
+  if (!value) return fallback;
+  const std::string_view s(value);
+  if (s == "l1") return {true, 0};
+  if (s == "off") return {false, 0};
+  const bool both = s.starts_with("both");
+  if (!both && !s.starts_with("l2")) return fallback;
+  const std::string_view rest = s.substr(both ? 4 : 2);  // empty or ":KB"
+  if (!rest.empty() && rest[0] != ':') return fallback;
+  const long kb = rest.empty() ? 32 : std::atol(value + (s.size() - rest.size()) + 1);
+  return kb > 0 ? GemvPrefetch{both, std::int64_t{kb} * 1024} : fallback;
 }
 
 void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
