@@ -27,9 +27,10 @@
 # bench/cpu_prefill_probe.sh, dummy weights (bench/configs; no checkpoint making, no
 # cpu_ops_bench build): first the streaming-read ceiling of 2, 8 and 16 cores with and without
 # the GEMV's software prefetch (stream_read_bench --prefetch), then GPT-2 f32 and Qwen3-0.6B bf16
-# at 8 threads with the XSERV_CPU_GEMV_PREFETCH and poll variants (DECODE_ROWS_8, 3 interleaved
-# runs each), then 16 and 2 threads and Qwen3-1.7B at 8 (DECODE_ROWS, 2 runs each). $OUT/rows.md
-# fills block by block. About 3.5 minutes on 16 cores, both builds included.
+# at 8 threads with the XSERV_CPU_GEMV_PREFETCH and poll variants (DECODE_ROWS_8, DECODE_RUNS_8
+# = 3 interleaved runs each), then 16 and 2 threads and Qwen3-1.7B at 8 (DECODE_ROWS,
+# DECODE_RUNS = 2 runs each). $OUT/rows8.md and rows_more.md fill block by block. About 4
+# minutes on 16 cores, both builds included.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 L=$OUT/l
@@ -117,10 +118,10 @@ if [ "${STAGE:-}" = decode ]; then
   rows="this:gpt2:16:-  base:gpt2:16:-  this:gpt2:16:l2_32:$pf=l2:32  this:qwen3-0.6b:16:-  base:qwen3-0.6b:16:-;
     this:gpt2:2:-  base:gpt2:2:-  this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-  this:qwen3-0.6b:2:l2_32:$pf=l2:32;
     this:qwen3-1.7b:8:-  base:qwen3-1.7b:8:-"
-  ROWS=${DECODE_ROWS_8:-$rows8} RUNS=3 GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows8.md" \
+  ROWS=${DECODE_ROWS_8:-$rows8} RUNS=${DECODE_RUNS_8:-3} GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows8.md" \
     bench/cpu_prefill_probe.sh "$L/decode8" >/dev/null 2>"$L/decode_err.log"
   stamp "8 threads measured"
-  ROWS=${DECODE_ROWS:-$rows} RUNS=2 GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows_more.md" \
+  ROWS=${DECODE_ROWS:-$rows} RUNS=${DECODE_RUNS:-2} GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows_more.md" \
     bench/cpu_prefill_probe.sh "$L/decode" >/dev/null 2>>"$L/decode_err.log"
   stamp "measured"
   grep -h '^| \(this\|base\) ' "$OUT/rows8.md" "$OUT/rows_more.md"
