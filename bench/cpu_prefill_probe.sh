@@ -6,8 +6,8 @@
 #
 # BUILD holds a CPU-only Release build with generate_bench (and cpu_ops_bench for the GEMM rows),
 # BASE_BUILD optionally a baseline build with generate_bench. Each row: generate_bench --device
-# cpu --prompt-len 128 --gen-len 8 --repeat R (best of R after a warm-up; R = 2 for GPT-2, 1 for
-# the Qwen3 models), pinned to cores 0..N-1, run RUNS times (default 3) as separate processes;
+# cpu --prompt-len 128 --gen-len GEN_LEN (default 8; decode rows: 32) --repeat R (best of R after
+# a warm-up; R = 2 for GPT-2, 1 for the Qwen3 models), pinned to cores 0..N-1, run RUNS times (default 3) as separate processes;
 # min / median / max over those runs. ROWS: blocks separated by ";", each of rows
 # "tree:model:threads:label[:VAR=v,VAR=v]" (tree: this or base; label "-": no variables); within
 # a block the runs interleave (run 1 of every row, then run 2, ...), so a drift of the machine
@@ -25,8 +25,10 @@ runs=${RUNS:-3}
 mkdir -p "$out"
 md=${MD:-$out/prefill.md}
 
-# min / median / max of a list of numbers.
-stats() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {if (NR) printf "%.0f / %.0f / %.0f", v[1], v[int((NR+1)/2)], v[NR]}'; }
+# min / median / max of a list of numbers, each printed with the printf format $1 (default %.0f).
+stats() {
+  tr ' ' '\n' | grep . | sort -g | awk -v f="${1:-%.0f}" '{v[NR]=$1} END {if (NR) printf f " / " f " / " f, v[1], v[int((NR+1)/2)], v[NR]}'
+}
 model_args() {
   if [ -f "$models/$1/config.json" ]; then echo "-m $models/$1"; else echo "--dummy-weights --config bench/configs/$1.json"; fi
 }
@@ -89,7 +91,7 @@ for block in "${blocks[@]}"; do
       repeat=1
       [ "$model" = gpt2 ] && repeat=2
       log=$(env "${envs[@]}" timeout 120 taskset -c "0-$((n - 1))" "$gb" $(model_args "$model") --device cpu \
-              --threads "$n" --prompt-len 128 --gen-len 8 --repeat "$repeat" 2>&1)
+              --threads "$n" --prompt-len 128 --gen-len "${GEN_LEN:-8}" --repeat "$repeat" 2>&1)
       echo "$row run $r: $log" >>"$out/prefill_runs.txt"
       line=$(echo "$log" | grep '^| 1 |')
       pre[$row]="${pre[$row]:-} $(echo "$line" | awk -F'|' '{print $3}')"
@@ -99,7 +101,7 @@ for block in "${blocks[@]}"; do
   for row in "${rows[@]}"; do
     IFS=: read -r tree model n label vars <<<"$row"
     [ -n "${pre[$row]:-}" ] || continue
-    echo "| $tree | $model | $n | $label | $(echo "${pre[$row]}" | stats) | $(echo "${dec[$row]}" | stats) |" | tee -a "$md"
+    echo "| $tree | $model | $n | $label | $(echo "${pre[$row]}" | stats) | $(echo "${dec[$row]}" | stats %.1f) |" | tee -a "$md"
   done
   unset pre dec
 done

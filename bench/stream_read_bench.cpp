@@ -1,13 +1,18 @@
 // stream_read_bench: the streaming-read bandwidth ceiling of the cores this process may run on,
 // the number decode at batch 1 is held against (each token reads every weight once).
 //
-//   stream_read_bench [--threads N] [--mb SIZE] [--repeat R]
+//   stream_read_bench [--threads N] [--mb SIZE] [--repeat R] [--prefetch MODE]
 //
 // N threads (default: every core in the affinity mask, so `taskset -c 0-7 stream_read_bench`
 // measures those 8 cores) each sum their own contiguous slice of one SIZE-MB buffer (default
-// 1024, far past any cache) with independent 16-byte vector accumulators and software prefetch;
-// the buffer is written once first so every page is resident. Prints the best GB/s (10^9 bytes) of R passes (default
+// 1024, far past any cache) with independent 16-byte vector accumulators; the buffer is written
+// once first so every page is resident. Prints the best GB/s (10^9 bytes) of R passes (default
 // 5), each pass timed from a common start to the last thread's end.
+// Software prefetch in the read loop: without --prefetch, 4 KB ahead into L1 (the ceiling every
+// earlier figure was measured with); --prefetch MODE prefetches as a decode GEMV does with
+// XSERV_CPU_GEMV_PREFETCH=MODE (l1: 4 KB ahead into L1, as without the flag; off: none; l2:KB:
+// KB ahead into L2 only, prefetcht1; both:KB: both), so the ceiling is read the way the GEMVs
+// read.
 #include <sched.h>
 
 #include <algorithm>
@@ -25,15 +30,40 @@ namespace {
 
 typedef float v4 __attribute__((vector_size(16)));
 
+struct Prefetch {
+  bool l1 = true;              // 4 KB ahead into L1 (prefetcht0)
+  std::size_t l2_floats = 0;   // this far ahead into L2 (prefetcht1), 0: not at all
+};
+
+// MODE as XSERV_CPU_GEMV_PREFETCH reads it; false when it is none of those.
+bool parse_prefetch(const std::string& mode, Prefetch& p) {
+  if (mode == "l1") return p = {true, 0}, true;
+  if (mode == "off") return p = {false, 0}, true;
+  const bool both = mode.rfind("both", 0) == 0;
+  if (!both && mode.rfind("l2", 0) != 0) return false;
+  const std::size_t colon = mode.find(':');
+  const long kb = colon == std::string::npos ? 32 : std::atol(mode.c_str() + colon + 1);
+  if (kb <= 0) return false;
+  p = {both, static_cast<std::size_t>(kb) * 1024 / sizeof(float)};
+  return true;
+}
+
 // Sum of floats [b, e) with 8 independent accumulators (the loads, not the adds, must bound it),
-// prefetching 4 KB ahead in software as the GEMV kernels do: without it one core of the GPU
-// machine's Xeon reads less than xserv's own decode, which is no ceiling.
-float sum_slice(const float* p, std::size_t n) {
+// prefetching in software as the GEMV kernels do: without any, one core of the GPU machine's
+// Xeon reads less than xserv's own decode, which is no ceiling. The L2 prefetch stops at the
+// slice's end, as the GEMV's stops at its tile's.
+float sum_slice(const float* p, std::size_t n, const Prefetch& pf) {
   v4 acc[8] = {};
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    __builtin_prefetch(p + i + 1024);
-    __builtin_prefetch(p + i + 1024 + 16);
+    if (pf.l1) {
+      __builtin_prefetch(p + i + 1024);
+      __builtin_prefetch(p + i + 1024 + 16);
+    }
+    if (pf.l2_floats && i + pf.l2_floats + 32 <= n) {
+      __builtin_prefetch(p + i + pf.l2_floats, 0, 2);
+      __builtin_prefetch(p + i + pf.l2_floats + 16, 0, 2);
+    }
     for (int j = 0; j < 8; ++j) {
       v4 x;
       std::memcpy(&x, p + i + 4 * j, sizeof x);
@@ -57,8 +87,18 @@ std::size_t cores_in_mask() {
 int main(int argc, char** argv) {
   std::size_t threads = cores_in_mask(), mb = 1024;
   int repeat = 5;
+  Prefetch prefetch;
+  std::string prefetch_mode = "default (l1)";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--prefetch") {
+      prefetch_mode = argv[i + 1];
+      if (!parse_prefetch(prefetch_mode, prefetch)) {
+        std::fprintf(stderr, "stream_read_bench: --prefetch takes l1, off, l2:KB or both:KB\n");
+        return 1;
+      }
+      continue;
+    }
     const long v = std::atol(argv[i + 1]);
     if (v <= 0) {
       std::fprintf(stderr, "stream_read_bench: %s needs a positive number\n", a.c_str());
@@ -68,7 +108,7 @@ int main(int argc, char** argv) {
     else if (a == "--mb") mb = static_cast<std::size_t>(v);
     else if (a == "--repeat") repeat = static_cast<int>(v);
     else {
-      std::fprintf(stderr, "usage: stream_read_bench [--threads N] [--mb SIZE] [--repeat R]\n");
+      std::fprintf(stderr, "usage: stream_read_bench [--threads N] [--mb SIZE] [--repeat R] [--prefetch MODE]\n");
       return 1;
     }
   }
@@ -86,7 +126,7 @@ int main(int argc, char** argv) {
       for (;;) {
         start.arrive_and_wait();
         if (quit) return;
-        sums[t] += sum_slice(buf.data() + b, e - b);
+        sums[t] += sum_slice(buf.data() + b, e - b, prefetch);
         end.arrive_and_wait();
       }
     });
@@ -103,7 +143,7 @@ int main(int argc, char** argv) {
   for (auto& t : pool) t.join();
   float check = 0.0f;
   for (float s : sums) check += s;
-  std::printf("stream read: %zu threads, %zu MB, best of %d: %.1f GB/s (checksum %g)\n", threads,
-              mb, repeat, best, static_cast<double>(check));
+  std::printf("stream read: %zu threads, %zu MB, prefetch %s, best of %d: %.1f GB/s (checksum %g)\n",
+              threads, mb, prefetch_mode.c_str(), repeat, best, static_cast<double>(check));
   return 0;
 }

@@ -23,6 +23,14 @@
 # bench/cpu_prefill_probe.sh with AB_ROWS (default below: 3 interleaved runs per row), one
 # core's FMA peak and the GEMMs alone; $OUT/rows.md fills as rows finish, so a run cut short by
 # its time limit still returns what it measured.
+# STAGE=decode: decode rows (prompt 128, then 32 generated) of this tree against BASE_SRC through
+# bench/cpu_prefill_probe.sh, dummy weights (bench/configs; no checkpoint making, no
+# cpu_ops_bench build): first the streaming-read ceiling of 2, 8 and 16 cores with and without
+# the GEMV's software prefetch (stream_read_bench --prefetch), then GPT-2 f32 and Qwen3-0.6B bf16
+# at 8 threads with the XSERV_CPU_GEMV_PREFETCH and poll variants (DECODE_ROWS_8, DECODE_RUNS_8
+# = 3 interleaved runs each), then 16 and 2 threads and Qwen3-1.7B at 8 (DECODE_ROWS,
+# DECODE_RUNS = 2 runs each). $OUT/rows8.md and rows_more.md fill block by block. About 4
+# minutes on 16 cores, both builds included.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 L=$OUT/l
@@ -35,6 +43,7 @@ stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
 checkpoints="qwen3-0.6b gpt2 qwen3-1.7b"
 [ "${STAGE:-}" = ab ] && checkpoints="gpt2 qwen3-0.6b"
+[ "${STAGE:-}" = decode ] && checkpoints=""
 (mkdir -p "$MODELS"
  for m in $checkpoints; do
    [ -f "$MODELS/$m/config.json" ] || python3 .devdeps/tools/make_random_model.py "$MODELS" "$m"
@@ -48,11 +57,13 @@ build() {  # source dir, build dir, targets...
     -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF &&
     cmake --build "$dir" -j16 --target "$@"
 }
-build . /tmp/bcpu xserv_tests generate_bench stream_read_bench cpu_ops_bench >"$L/build.log" 2>&1 &
+ops_bench=cpu_ops_bench
+[ "${STAGE:-}" = decode ] && ops_bench=""
+build . /tmp/bcpu xserv_tests generate_bench stream_read_bench $ops_bench >"$L/build.log" 2>&1 &
 this_build=$!
 base_build=""
 if [ -n "$base_src" ]; then
-  build "$base_src" /tmp/bbase generate_bench stream_read_bench >"$L/build_base.log" 2>&1 &
+  build "$base_src" /tmp/bbase generate_bench >"$L/build_base.log" 2>&1 &
   base_build=$!
 fi
 wait "$this_build" || { tail -40 "$L/build.log"; exit 1; }
@@ -77,6 +88,44 @@ if [ "${STAGE:-}" = ab ]; then
     PROFILES=${PROFILES:-gpt2:8} MD="$OUT/rows.md" bench/cpu_prefill_probe.sh "$L/ab" >/dev/null 2>"$L/ab_err.log"
   stamp "measured"
   tail -5 "$L/ab_err.log"
+  tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
+  exit 0
+fi
+if [ "${STAGE:-}" = decode ]; then
+  [ -n "$base_build" ] && { wait "$base_build" || tail -20 "$L/build_base.log"; }
+  stamp "base built"
+  {
+    echo
+    echo "streaming-read ceiling (stream_read_bench --mb 1024 --repeat 10, cores 0..N-1), GB/s:"
+    echo
+    echo "| threads | no flag (4 KB ahead into L1) | --prefetch off | --prefetch l2:32 | --prefetch both:32 |"
+    echo "| ---: | ---: | ---: | ---: | ---: |"
+  } | tee -a "$OUT/rows.md"
+  for n in 2 8 16; do
+    [ "$n" -le "$(nproc)" ] || continue
+    row="| $n |"
+    for pf in "" "--prefetch off" "--prefetch l2:32" "--prefetch both:32"; do
+      row="$row $(taskset -c "0-$((n - 1))" /tmp/bcpu/bench/stream_read_bench --threads "$n" --mb 1024 --repeat 10 $pf |
+                  sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p') |"
+    done
+    echo "$row" | tee -a "$OUT/rows.md"
+  done
+  stamp "ceilings measured"
+  pf=XSERV_CPU_GEMV_PREFETCH
+  rows8="this:qwen3-0.6b:8:-  base:qwen3-0.6b:8:-  this:qwen3-0.6b:8:l1:$pf=l1  this:qwen3-0.6b:8:l2_32:$pf=l2:32
+    this:qwen3-0.6b:8:spin20:XSERV_CPU_SPIN_US=20;
+    this:gpt2:8:-  base:gpt2:8:-  this:gpt2:8:l1:$pf=l1  this:gpt2:8:l2_32:$pf=l2:32  this:gpt2:8:spin20:XSERV_CPU_SPIN_US=20"
+  rows="this:gpt2:16:-  base:gpt2:16:-  this:gpt2:16:l2_32:$pf=l2:32  this:qwen3-0.6b:16:-  base:qwen3-0.6b:16:-;
+    this:gpt2:2:-  base:gpt2:2:-  this:qwen3-0.6b:2:-  base:qwen3-0.6b:2:-  this:qwen3-0.6b:2:l2_32:$pf=l2:32;
+    this:qwen3-1.7b:8:-  base:qwen3-1.7b:8:-"
+  ROWS=${DECODE_ROWS_8:-$rows8} RUNS=${DECODE_RUNS_8:-3} GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows8.md" \
+    bench/cpu_prefill_probe.sh "$L/decode8" >/dev/null 2>"$L/decode_err.log"
+  stamp "8 threads measured"
+  ROWS=${DECODE_ROWS:-$rows} RUNS=${DECODE_RUNS:-2} GEN_LEN=32 BUILD=/tmp/bcpu BASE_BUILD=/tmp/bbase MD="$OUT/rows_more.md" \
+    bench/cpu_prefill_probe.sh "$L/decode" >/dev/null 2>>"$L/decode_err.log"
+  stamp "measured"
+  grep -h '^| \(this\|base\) ' "$OUT/rows8.md" "$OUT/rows_more.md"
+  tail -5 "$L/decode_err.log"
   tar czf "$OUT/logs.tgz" -C "$OUT" l && rm -rf "$L"
   exit 0
 fi

@@ -35,17 +35,21 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-// Polls done() with a pause per probe for up to spin_us; true once done() holds.
+// Polls done() with a pause per probe for up to spin_us (microseconds) from the start; true once
+// done() holds. spin_us is re-read at every clock check, so a poll already under way when the
+// owner shortens it (set_spin_us after a step's sample) ends by the new deadline.
 template <typename Done>
-bool poll(std::uint32_t spin_us, Done done) {
+bool poll(const std::atomic<std::uint32_t>& spin_us, Done done) {
   using clock = std::chrono::steady_clock;
   if (done()) return true;
-  if (spin_us == 0) return false;
-  const auto deadline = clock::now() + std::chrono::microseconds(spin_us);
+  if (spin_us.load(std::memory_order_relaxed) == 0) return false;
+  const auto start = clock::now();
   for (std::uint32_t probe = 1;; ++probe) {
     cpu_relax();
     if (done()) return true;
-    if (probe % 32 == 0 && clock::now() > deadline) return false;
+    if (probe % 32 == 0 &&
+        clock::now() - start > std::chrono::microseconds(spin_us.load(std::memory_order_relaxed)))
+      return false;
   }
 }
 
@@ -131,7 +135,7 @@ void ThreadPool::run_chunks() noexcept {
 }
 
 void ThreadPool::wait_for_work() noexcept {
-  if (poll(spin_us(), [&] { return claimable() || stop_.load(); })) return;
+  if (poll(spin_us_, [&] { return claimable() || stop_.load(); })) return;
   std::unique_lock lock(sleep_mutex_);
   sleeping_workers_.fetch_add(1);
   work_cv_.wait(lock, [&] { return claimable() || stop_.load(); });
@@ -139,7 +143,7 @@ void ThreadPool::wait_for_work() noexcept {
 }
 
 void ThreadPool::wait_for_done() noexcept {
-  if (poll(spin_us(), [&] { return remaining_.load() == 0; })) return;
+  if (poll(spin_us_, [&] { return remaining_.load() == 0; })) return;
   std::unique_lock lock(sleep_mutex_);
   caller_sleeping_.store(true);
   done_cv_.wait(lock, [&] { return remaining_.load() == 0; });

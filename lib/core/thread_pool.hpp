@@ -67,8 +67,9 @@ class ThreadPool {
 
   std::size_t size() const noexcept { return workers_.size() + 1; }
 
-  // How long idle threads poll from now on (Options::spin_us at construction): the CPU backend
-  // polls longer during a prefill, whose loops come back to back but end unevenly.
+  // How long idle threads poll from now on (Options::spin_us at construction), polls already
+  // under way included: the CPU backend polls long while a forward runs (its loops come back to
+  // back) and briefly once the step's sample is done (a host's cores are not burnt between steps).
   void set_spin_us(std::uint32_t us) noexcept { spin_us_.store(us, std::memory_order_relaxed); }
   std::uint32_t spin_us() const noexcept { return spin_us_.load(std::memory_order_relaxed); }
 

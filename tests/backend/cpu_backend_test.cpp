@@ -198,6 +198,20 @@ TEST_CASE("cpu gemm_parts rejects parts that do not fill out and a wrong bias co
   REQUIRE_THROWS_AS(be.gemm_parts(view(out, {2, 6}), view(a_wrong_k, {2, 2}), ws, {}), Error);
 }
 
+TEST_CASE("cpu XSERV_CPU_GEMV_PREFETCH values parse to the L1 and L2 prefetch they name", "[cpu]") {
+  using cpu::GemvPrefetch;
+  const GemvPrefetch fallback{false, 12345};
+  REQUIRE(cpu::parse_gemv_prefetch(nullptr, fallback) == fallback);
+  REQUIRE(cpu::parse_gemv_prefetch("l1", fallback) == GemvPrefetch{true, 0});
+  REQUIRE(cpu::parse_gemv_prefetch("off", fallback) == GemvPrefetch{false, 0});
+  REQUIRE(cpu::parse_gemv_prefetch("l2", fallback) == GemvPrefetch{false, 32 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("l2:16", fallback) == GemvPrefetch{false, 16 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("both", fallback) == GemvPrefetch{true, 32 * 1024});
+  REQUIRE(cpu::parse_gemv_prefetch("both:64", fallback) == GemvPrefetch{true, 64 * 1024});
+  for (const char* bad : {"", "l3", "both:0", "l2:-4", "l2x", "bothx:8", "L1"})
+    REQUIRE(cpu::parse_gemv_prefetch(bad, fallback) == fallback);
+}
+
 TEST_CASE("cpu prefill GEMM split: whole tiles of 32 to 128 columns, row blocks only when needed",
           "[cpu]") {
   for (std::int64_t threads : {1, 2, 3, 8, 16})
@@ -642,10 +656,12 @@ TEST_CASE("cpu prefill then decode through qk_transform_store and attention", "[
   for (std::size_t i = 0; i < whole.size(); ++i) REQUIRE(first[i] == Approx(whole[i]).margin(1e-6));
 }
 
-TEST_CASE("cpu backend threads poll longer during a prefill than during decode", "[cpu]") {
-  // XSERV_CPU_SPIN_US / XSERV_CPU_PREFILL_SPIN_US unset: 20 us for decode batches (up to
-  // gemv_max_rows tokens), 200 us for larger ones; loops still run to completion either way.
-  const test::ScopedEnv spin("XSERV_CPU_SPIN_US", nullptr), prefill("XSERV_CPU_PREFILL_SPIN_US", nullptr);
+TEST_CASE("cpu backend threads poll long while a forward runs and briefly after the sample", "[cpu]") {
+  // XSERV_CPU_*SPIN_US unset: 200 us from upload_batch on (decode and prefill batches alike),
+  // 20 us from the end of sample() (and before the first forward); loops still run to
+  // completion either way.
+  const test::ScopedEnv spin("XSERV_CPU_SPIN_US", nullptr), prefill("XSERV_CPU_PREFILL_SPIN_US", nullptr),
+      idle("XSERV_CPU_IDLE_SPIN_US", nullptr);
   CpuBackend be(BackendOptions{3, 0});
   auto batch = [](std::int32_t tokens) {
     ForwardBatch b;
@@ -667,6 +683,33 @@ TEST_CASE("cpu backend threads poll longer during a prefill than during decode",
   be.gelu(view(x, {4096}));
   REQUIRE(std::abs(x[4095] - (-0.158808f)) < 1e-5f);
   be.upload_batch(batch(cpu::gemv_max_rows));
+  REQUIRE(be.spin_us() == 200);
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f};
+  SamplingBatch params;
+  params.rows.resize(1);
+  params.rows[0].temperature = 0.0f;  // greedy
+  std::int32_t id = -1;
+  be.sample(view(logits, {1, 3}), params, &id);
+  REQUIRE(id == 1);
+  REQUIRE(be.spin_us() == 20);
+}
+
+TEST_CASE("cpu backend poll lengths follow XSERV_CPU_SPIN_US and XSERV_CPU_IDLE_SPIN_US", "[cpu]") {
+  // XSERV_CPU_SPIN_US=20 is the rule before the idle poll existed: 20 us in decode throughout,
+  // prefill at the larger of 200 and it.
+  const test::ScopedEnv spin("XSERV_CPU_SPIN_US", "20"), prefill("XSERV_CPU_PREFILL_SPIN_US", nullptr),
+      idle("XSERV_CPU_IDLE_SPIN_US", "5");
+  CpuBackend be(BackendOptions{2, 0});
+  REQUIRE(be.spin_us() == 5);
+  ForwardBatch b;
+  b.token_ids = {0};
+  b.positions = {0};
+  b.slot_mapping = {0};
+  b.query_start = {0, 1};
+  b.context_lens = {1};
+  b.block_tables = {0};
+  b.max_blocks_per_seq = 1;
+  be.upload_batch(b);
   REQUIRE(be.spin_us() == 20);
 }
 

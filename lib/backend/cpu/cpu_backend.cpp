@@ -23,26 +23,36 @@ namespace xserv::cpu {
 
 namespace {
 
-// The pool's hand-off settings; XSERV_CPU_SPIN_US and XSERV_CPU_CHUNKS override the defaults
-// (for measuring on a given machine; see ThreadPool::Options and docs/cpu.md).
+std::uint32_t env_us(const char* name, std::uint32_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
+}
+
+// The pool's hand-off settings: it starts idle (XSERV_CPU_IDLE_SPIN_US, below); XSERV_CPU_CHUNKS
+// overrides the chunks per thread (for measuring on a given machine; see ThreadPool::Options and
+// docs/cpu.md).
 ThreadPool::Options pool_options() {
   ThreadPool::Options o;
-  if (const char* v = std::getenv("XSERV_CPU_SPIN_US"))
-    o.spin_us = static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
+  o.spin_us = env_us("XSERV_CPU_IDLE_SPIN_US", 20);
   if (const char* v = std::getenv("XSERV_CPU_CHUNKS"))
     o.chunks_per_thread = static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
   return o;
 }
 
-// A prefill's loops come back to back (GEMMs of hundreds of microseconds, then the next op), but
-// their threads finish up to a task apart: with 20 us of polling the early ones went to sleep
-// and every next loop paid for waking them. On the GPU machine's Xeon, 200 us gave GPT-2 124M
-// +5.6% prefill at 8 threads (medians of 3, docs/benchmarks.md); decode keeps the short poll,
-// which a small model on a crowded machine needs (docs/cpu.md).
+// How long idle threads poll for the next loop (docs/cpu.md), by phase:
+// - while a forward runs, 200 us (XSERV_CPU_SPIN_US for decode batches, XSERV_CPU_PREFILL_SPIN_US
+//   for larger ones, by default the larger of 200 and the decode value). A forward's loops come
+//   back to back (a decode layer is ~10 ops, a prefill's GEMMs end up to a task apart): with
+//   20 us, workers went to sleep between them and every next loop paid for waking them. On the
+//   GPU machine's Xeon, 200 us gave GPT-2 124M +5.6% prefill at 8 threads (medians of 3,
+//   docs/benchmarks.md), and in decode Qwen3-0.6B 50.8 -> 53.9 tok/s and GPT-2 121.4 -> 129.9
+//   at 8 threads (XSERV_CPU_SPIN_US=20 vs the default, medians of 3, 2026-12-02).
+// - after the step's sample, until the next forward: 20 us (XSERV_CPU_IDLE_SPIN_US), so the
+//   workers of a host that does something else between steps (a game's frame) sleep instead of
+//   burning its cores. XSERV_CPU_SPIN_US=20 gives the old rule (20 us in decode throughout).
+std::uint32_t decode_spin_us() { return env_us("XSERV_CPU_SPIN_US", 200); }
 std::uint32_t prefill_spin_us(std::uint32_t decode_spin_us) {
-  if (const char* v = std::getenv("XSERV_CPU_PREFILL_SPIN_US"))
-    return static_cast<std::uint32_t>(std::strtoul(v, nullptr, 10));
-  return std::max<std::uint32_t>(decode_spin_us, 200);
+  return env_us("XSERV_CPU_PREFILL_SPIN_US", std::max<std::uint32_t>(decode_spin_us, 200));
 }
 
 }  // namespace
@@ -62,8 +72,9 @@ CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
       // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
       use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512"),
-      decode_spin_us_(pool_.spin_us()),
-      prefill_spin_us_(prefill_spin_us(decode_spin_us_)) {
+      decode_spin_us_(decode_spin_us()),
+      prefill_spin_us_(prefill_spin_us(decode_spin_us_)),
+      idle_spin_us_(pool_.spin_us()) {
 #ifdef XSERV_HAVE_BLAS
   // OpenBLAS keeps a process-wide pool; match it to ours so the two never oversubscribe.
   if (use_blas_) openblas_set_num_threads(static_cast<int>(pool_.size()));

@@ -67,7 +67,7 @@ class CpuBackend final : public Backend {
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
 
   std::size_t threads() const noexcept { return pool_.size(); }
-  // How long its idle threads poll now (set per forward by upload_batch).
+  // How long its idle threads poll now (set by upload_batch and at the end of sample).
   std::uint32_t spin_us() const noexcept { return pool_.spin_us(); }
   const KernelTable& kernel_table() const noexcept { return *kernels_; }
 
@@ -80,10 +80,11 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
-  // How long idle threads poll: decode_spin_us_ (XSERV_CPU_SPIN_US, 20) for batches of up to
-  // gemv_max_rows tokens, prefill_spin_us_ (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200
-  // and decode's) for larger ones, set by upload_batch at the start of each forward.
-  std::uint32_t decode_spin_us_, prefill_spin_us_;
+  // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
+  // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_
+  // (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200 and decode's) for larger ones; from the
+  // end of sample() to the next forward, idle_spin_us_ (XSERV_CPU_IDLE_SPIN_US, 20).
+  std::uint32_t decode_spin_us_, prefill_spin_us_, idle_spin_us_;
   // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
   std::vector<std::int32_t> batch_storage_;
 };
@@ -101,6 +102,17 @@ struct GemmSplit {
   std::int64_t tile_n = 128, row_blocks = 1;
 };
 GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
+
+// How a decode GEMV prefetches its weights (GemmProblem::gemv_prefetch_l1 / _l2).
+struct GemvPrefetch {
+  bool l1 = true;
+  std::int64_t l2_bytes = 0;
+  bool operator==(const GemvPrefetch&) const = default;
+};
+// An XSERV_CPU_GEMV_PREFETCH value: "l1" (L1 only), "off", "l2[:KB]" (L2 only, KB ahead, default
+// 32) or "both[:KB]"; `fallback` for null or anything else. The backend reads the variable once,
+// with the CPU vendor's default as the fallback (cpu_gemm.cpp).
+GemvPrefetch parse_gemv_prefetch(const char* value, GemvPrefetch fallback);
 
 // The log-probability of `id` under log_softmax(logits) and the top_n most likely tokens
 // (log-probability desc, id asc) into top_ids / top_logprobs: the reference of Backend::logprobs.

@@ -49,6 +49,31 @@ int gemm_prefetch() {
   return level;
 }
 
+// XSERV_CPU_GEMV_PREFETCH=l1 (the next rows into L1 only, as before the L2 prefetch existed),
+// off (none), l2:KB (KB ahead into L2 only) or both:KB (both); KB defaults to 32. Read once.
+// Default per vendor, from what was measured (docs/cpu.md, docs/benchmarks.md, issue 16):
+// - AMD, l2:32. The dev EPYC (Zen 4), DRAM-sized weights (cpu_ops_bench M = 1, the 77-311 MB
+//   lm_heads, medians of 3): one thread 8.3-10.6 GB/s with the L1 prefetch alone, 17.5-19.3
+//   with l2:32, 13.4-18.5 with both; two threads 15.6-19.8 -> 22-28. Qwen3-0.6B decode at 2
+//   threads 14.1 -> 21.2 tok/s (both:32: 19.7); GPT-2 f32 42.8 -> 48.7.
+// - Intel, both:32. The GPU machine's Xeon at 8 threads (medians of 3 interleaved runs):
+//   Qwen3-0.6B decode 46.5 tok/s with l1, 49.0 with l2:32, 53.9 with both:32 (main: 46.7);
+//   GPT-2 f32 125.1 / 131.5 / 129.9 (main: 120.6); the 8 cores' streaming-read ceiling
+//   69.0 GB/s with an L1 prefetch, 80.1 with l2:32, 80.4 with both.
+// - Other CPUs: not measured, so the L1 prefetch alone, as before.
+GemvPrefetch gemv_prefetch() {
+  static const GemvPrefetch chosen = [] {
+    GemvPrefetch d{true, 0};
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("intel")) d = {true, 32 * 1024};
+    if (__builtin_cpu_is("amd")) d = {false, 32 * 1024};
+#endif
+    return parse_gemv_prefetch(std::getenv("XSERV_CPU_GEMV_PREFETCH"), d);
+  }();
+  return chosen;
+}
+
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
 // instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
 std::int64_t gemm_kc() {
@@ -116,6 +141,9 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.ldo = ldo;
   p.kc = gemm_kc();
   p.pack_prefetch = gemm_prefetch();
+  const GemvPrefetch gp = gemv_prefetch();
+  p.gemv_prefetch_l1 = gp.l1;
+  p.gemv_prefetch_l2 = gp.l2_bytes;
   return p;
 }
 
@@ -175,6 +203,19 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
     }
   }
   return best;
+}
+
+GemvPrefetch parse_gemv_prefetch(const char* value, GemvPrefetch fallback) {
+  if (!value) return fallback;
+  const std::string_view s(value);
+  if (s == "l1") return {true, 0};
+  if (s == "off") return {false, 0};
+  const bool both = s.starts_with("both");
+  if (!both && !s.starts_with("l2")) return fallback;
+  const std::string_view rest = s.substr(both ? 4 : 2);  // empty or ":KB"
+  if (!rest.empty() && rest[0] != ':') return fallback;
+  const long kb = rest.empty() ? 32 : std::atol(value + (s.size() - rest.size()) + 1);
+  return kb > 0 ? GemvPrefetch{both, std::int64_t{kb} * 1024} : fallback;
 }
 
 void CpuBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,

@@ -31,6 +31,12 @@ struct GemmProblem {
   // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
   // 1 L2 only, 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off; measurement).
   int pack_prefetch = 2;
+  // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
+  // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
+  // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
+  // bytes ahead of the streaming position into L2 (prefetcht1), never past the tile's own weights.
+  bool gemv_prefetch_l1 = true;
+  std::int64_t gemv_prefetch_l2 = 0;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.

@@ -197,6 +197,8 @@ void CpuBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t
           params.rows[r], slice(params.prompt_tokens, params.prompt_start, r),
           slice(params.output_tokens, params.output_start, r), *kernels_);
   });
+  // The step's last op: until the next forward, idle threads poll only briefly.
+  pool_.set_spin_us(idle_spin_us_);
 }
 
 float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,
