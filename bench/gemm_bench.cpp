@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_graph_timer.hpp"
 #include "cuda/device_arena.hpp"
 #include "cuda/gemm.hpp"
 
@@ -33,11 +34,8 @@ namespace {
 using namespace xserv;
 using namespace xserv::cuda;
 
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
+using bench::graph_us_per_launch;
+constexpr auto check = bench::cuda_check;
 
 struct GemmShape {
   std::string model, name;
@@ -89,28 +87,9 @@ double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Oper
   check(cudaStreamSynchronize(stream), "eager run");
   const std::size_t per_graph =
       ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
-  cudaGraph_t graph = nullptr;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
-  for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
-  check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec = nullptr;
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  check(cudaGraphLaunch(exec, stream), "warm-up");
-  check(cudaEventRecord(a, stream), "record");
-  constexpr int replays = 3;
-  for (int r = 0; r < replays; ++r) check(cudaGraphLaunch(exec, stream), "replay");
-  check(cudaEventRecord(b, stream), "record");
-  check(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-  (void)cudaEventDestroy(a);
-  (void)cudaEventDestroy(b);
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
-  return 1000.0 * ms / (replays * static_cast<double>(per_graph));
+  return graph_us_per_launch(stream, per_graph, [&] {
+    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
+  });
 }
 
 }  // namespace

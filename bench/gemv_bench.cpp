@@ -17,17 +17,15 @@
 #include <vector>
 
 #include "cuda/kernels.hpp"
+#include "cuda_graph_timer.hpp"
 
 namespace {
 
 using namespace xserv;
 using namespace xserv::cuda;
 
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(1);
-}
+using bench::graph_us_per_launch;
+constexpr auto check = bench::cuda_check;
 
 enum class Kind { plain, residual, norm, swiglu };
 
@@ -44,41 +42,22 @@ constexpr int launches = 60;
 // Microseconds per launch of `s` under the current gemv_tuning().
 double time_shape(cudaStream_t stream, const Shape& s, const std::vector<void*>& weights, void* x,
                   void* norm_w, void* out, int sm_count) {
-  cudaGraph_t graph = nullptr;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "capture");
-  for (int i = 0; i < launches; ++i) {
-    void* w = weights[static_cast<std::size_t>(i) % weights.size()];
-    switch (s.kind) {
-      case Kind::plain:
-      case Kind::residual:
-        launch_gemv(stream, s.dt, s.out_dt, false, out, s.n, x, w, nullptr, s.kind == Kind::residual ? 1.0f : 0.0f,
-                    1, s.n, s.k, sm_count, nullptr, nullptr);
-        break;
-      case Kind::norm:
-      case Kind::swiglu:
-        launch_norm_gemv(stream, s.dt, out, x, norm_w, 1e-6f, w, s.kind == Kind::swiglu, 1, s.n, s.k, sm_count);
-        break;
+  return graph_us_per_launch(stream, launches, [&] {
+    for (int i = 0; i < launches; ++i) {
+      void* w = weights[static_cast<std::size_t>(i) % weights.size()];
+      switch (s.kind) {
+        case Kind::plain:
+        case Kind::residual:
+          launch_gemv(stream, s.dt, s.out_dt, false, out, s.n, x, w, nullptr, s.kind == Kind::residual ? 1.0f : 0.0f,
+                      1, s.n, s.k, sm_count, nullptr, nullptr);
+          break;
+        case Kind::norm:
+        case Kind::swiglu:
+          launch_norm_gemv(stream, s.dt, out, x, norm_w, 1e-6f, w, s.kind == Kind::swiglu, 1, s.n, s.k, sm_count);
+          break;
+      }
     }
-  }
-  check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec = nullptr;
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  check(cudaGraphLaunch(exec, stream), "warm-up");
-  check(cudaEventRecord(a, stream), "record");
-  constexpr int replays = 3;
-  for (int r = 0; r < replays; ++r) check(cudaGraphLaunch(exec, stream), "replay");
-  check(cudaEventRecord(b, stream), "record");
-  check(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-  (void)cudaEventDestroy(a);
-  (void)cudaEventDestroy(b);
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
-  return 1000.0 * ms / (replays * launches);
+  });
 }
 
 }  // namespace
