@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Several people's GPU-machine work in one device call ("a round"). Device time is scarce and
+# every machine start costs minutes, so instead of each helper calling the device, each packs a
+# request and one person runs all ready requests in one call, one after another (never
+# concurrently: the GPU is the request's alone while it runs).
+#
+# A request is a folder .devdeps/req/NAME/ (carried along with .devdeps) holding
+#   patch.tgz  the files the branch changes, relative to the repository root
+#              (`git diff --name-only --diff-filter=AMR main | tar czf patch.tgz -T -`)
+#   run.sh     run from the root of a fresh copy of this tree with the patch unpacked over it,
+#              OUT set to the request's own empty folder; it builds what it needs (in /tmp/b,
+#              emptied before each request), tests first, then measures before/after in one go
+#   ready      created last
+# On the GPU machine, from the repository root (with `carry: [".devdeps"]`):
+#   LIMIT=250 scripts/device_round.sh [NAME...]      (default: every ready request)
+# Each request's files come back packed as $OUT/NAME.tgz (the device tool returns at most 8
+# files), its run time and exit status in $OUT/rounds.txt, the tail of its output on stdout.
+set -uo pipefail
+root=$(pwd)
+names=${*:-$(ls .devdeps/req)}
+for n in $names; do
+  d=$root/.devdeps/req/$n
+  [ -f "$d/ready" ] || { echo "$n: not ready"; continue; }
+  rm -rf /tmp/b /tmp/t "/tmp/o/$n"; mkdir -p /tmp/t "/tmp/o/$n"
+  tar --exclude=./.git --exclude=./.devdeps -cf - . | tar -xf - -C /tmp/t
+  ln -s "$root/.devdeps" /tmp/t/.devdeps
+  t0=$(date +%s)
+  (cd /tmp/t && tar xzmf "$d/patch.tgz" && OUT=/tmp/o/$n timeout "${LIMIT:-250}" bash "$d/run.sh") \
+    >"/tmp/o/$n/stdout.txt" 2>&1
+  rc=$?
+  echo "== $n rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/rounds.txt"
+  tail -25 "/tmp/o/$n/stdout.txt"
+  tar czf "$OUT/$n.tgz" -C /tmp/o "$n"
+done
