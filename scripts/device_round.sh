@@ -17,6 +17,13 @@
 # files), its run time and exit status in $OUT/rounds.txt, the tail of its output on stdout.
 set -uo pipefail
 root=$(pwd)
+# Requests of one call build the same tree in the same /tmp paths, so a compiler cache shared by
+# them turns every build after the first into the patched files only (when .devdeps carries the
+# ccache .deb: fetch-deps.sh ... ccache libhiredis0.14; CMake reads the launchers from the env).
+if [ -x /opt/devdeps/usr/bin/ccache ]; then
+  export PATH=/opt/devdeps/usr/bin:$PATH CCACHE_DIR=/tmp/ccache CCACHE_NOHASHDIR=1
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+fi
 names=${*:-$(ls .devdeps/req)}
 for n in $names; do
   d=$root/.devdeps/req/$n
