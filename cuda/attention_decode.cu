@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   __shared__ float s_acc[num_warps][G][D];
   __shared__ float s_ml[num_warps][G][2];
 
-  allow_dependents();  // the merge or the next GEMV may launch early; they wait for this one
   grid_dependency_wait();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -286,7 +285,6 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
   __shared__ __align__(16) float s_p[G][tile_keys];
   __shared__ float s_alpha[G], s_m[G], s_l[G];
 
-  allow_dependents();
   grid_dependency_wait();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -501,7 +499,6 @@ __global__ void __launch_bounds__(mma_threads)
   // Before grid_dependency_wait (the kernel before this one, qk_transform_store, may still be
   // running): only what no kernel of this step writes, i.e. the batch metadata and the cached
   // keys before this step's rows.
-  allow_dependents();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int group = p.n_q_heads / p.n_kv_heads;
@@ -805,7 +802,6 @@ __global__ void __launch_bounds__(merge_threads) attention_merge_kernel(const At
   __shared__ float s_w[max_splits];
   __shared__ float s_scratch[32];
   __shared__ float s_acc[merge_threads];
-  allow_dependents();
   grid_dependency_wait();
   const int row = blockIdx.x, h = blockIdx.y, dim = p.head_dim, splits = p.num_splits;
   const std::int64_t first = (static_cast<std::int64_t>(row) * p.n_q_heads + h) * splits;

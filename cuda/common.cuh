@@ -149,21 +149,37 @@ inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b -
 
 // ---- Programmatic dependent launch (Hopper) ---------------------------------------------------
 // A kernel launched with launch_pdl() may start while the kernel before it on the stream is still
-// finishing: its blocks become resident during the previous kernel's tail and can load what does
-// not depend on it (the weights) before grid_dependency_wait(), which returns once the previous
-// kernel has completed and its writes are visible. Every kernel so launched must call
-// grid_dependency_wait() before it reads or writes activations. allow_dependents() lets the next
-// kernel launch early (it still waits for this one to complete before using its results), so
-// kernels call it first thing. Both are no-ops before sm_90 and for plain launches.
+// running: its blocks become resident beside the previous kernel's and can fetch what does not
+// depend on it (the weights: into registers, or into L2 with prefetch_l2) before
+// grid_dependency_wait(), which returns once the previous kernel has completed and its writes are
+// visible. Every kernel so launched must call grid_dependency_wait() before it reads or writes
+// activations.
+// grid_dependency_wait() then lets the next kernel launch (griddepcontrol.launch_dependents), so at
+// most two kernels of a chain overlap: the one computing and the next one fetching its weights.
+// Triggering first thing instead (as before 2026-12-02) let a whole chain of waiting kernels
+// become resident at once, each holding registers and issuing loads ahead of the one that runs.
+// Kernels that never wait (plain launches: norm, embedding) call allow_dependents() first.
+// Both are no-ops before sm_90 and for plain launches.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  allow_dependents();
 }
 
-__device__ __forceinline__ void allow_dependents() {
+// Starts fetching `bytes` (a multiple of 16; p 16-byte aligned) from global memory into L2 and
+// returns at once (cp.async.bulk.prefetch, one instruction for the whole range). A kernel launched
+// early (launch_pdl) uses it for the weights it will stream after grid_dependency_wait(), so DRAM
+// keeps streaming while the kernel before it finishes.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 

@@ -73,9 +73,14 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
+// l2_prefetch_bytes: how much of its weight an out_in GEMV asks into L2 up front (prefetch_l2 in
+// the first blocks, before grid_dependency_wait: with XSERV_CUDA_PDL=1 that overlaps the kernel
+// before it), XSERV_CUDA_L2_PREFETCH_MB; 0 turns it off. A budget, not the whole weight: L2 holds
+// ~50 MB and the rest of a large weight is streamed by the blocks after the first wave anyway.
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
+  std::int64_t l2_prefetch_bytes = std::int64_t{24} << 20;
 };
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched

@@ -55,7 +55,6 @@ __global__ void __launch_bounds__(warps * 32) qk_attention_kernel(const QkAttent
   __shared__ float s_q[GM][D];
   __shared__ float s_red[warps / 2][GM][D];
   __shared__ float s_ml[warps][GM][2];
-  allow_dependents();
   grid_dependency_wait();  // qkv is the previous kernel's output
   const AttentionParams& a = p.attn;
   const QkTransformParams& t = p.qk;

@@ -23,7 +23,6 @@ constexpr int warps = 8;
 template <typename T>
 __global__ void qk_transform_store_kernel(const QkTransformParams p) {
   __shared__ float stage[warps][max_head_dim];
-  allow_dependents();
   grid_dependency_wait();  // launched early (launch_pdl): qkv is the previous kernel's output
   const int row = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
