@@ -150,8 +150,7 @@ inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b -
 // ---- Programmatic dependent launch (Hopper) ---------------------------------------------------
 // A kernel launched with launch_pdl() may start while the kernel before it on the stream is still
 // running: its blocks become resident beside the previous kernel's and can fetch what does not
-// depend on it (the weights: into registers, or into L2 with prefetch_l2) before
-// grid_dependency_wait(), which returns once the previous kernel has completed and its writes are
+// depend on it (the weights, into registers) before grid_dependency_wait(), which returns once the previous kernel has completed and its writes are
 // visible. Every kernel so launched must call grid_dependency_wait() before it reads or writes
 // activations.
 // grid_dependency_wait() then lets the next kernel launch (griddepcontrol.launch_dependents), so at
@@ -171,16 +170,6 @@ __device__ __forceinline__ void grid_dependency_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   allow_dependents();
-}
-
-// Starts fetching `bytes` (a multiple of 16; p 16-byte aligned) from global memory into L2 and
-// returns at once (cp.async.bulk.prefetch, one instruction for the whole range). A kernel launched
-// early (launch_pdl) uses it for the weights it will stream after grid_dependency_wait(), so DRAM
-// keeps streaming while the kernel before it finishes.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // Launches `kernel` with programmatic stream serialization (see above) when pdl_enabled(),

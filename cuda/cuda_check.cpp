@@ -25,7 +25,7 @@ void throw_cublas_error(cublasStatus_t status, const char* call) {
 bool pdl_enabled() noexcept {
   static const bool enabled = [] {
     const char* env = std::getenv("XSERV_CUDA_PDL");
-    return env != nullptr && std::string_view(env) == "1";
+    return env == nullptr || std::string_view(env) != "0";
   }();
   return enabled;
 }

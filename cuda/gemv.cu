@@ -86,7 +86,6 @@ struct OutInArgs {
   bool layer_norm = false;  // Norm: GPT-2's LayerNorm (mean removed, norm_b added) instead
   const T* norm_b = nullptr;  // LayerNorm bias [k] (may be null)
   bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
-  int prefetch_blocks = 0;    // blocks [0, prefetch_blocks) first prefetch their rows into L2
 };
 
 __device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
@@ -219,13 +218,12 @@ __device__ void layer_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_s
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
 // so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
-template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
+// U: loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
+// (bench/gemv_bench, docs/benchmarks.md): more registers, fewer resident warps.
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu, int U>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
-  // Loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
-  // (bench/gemv_bench, docs/benchmarks.md): more registers, fewer resident warps.
-  constexpr int U = 4;
   extern __shared__ uint4 s_dyn[];   // Norm: the normalised rows [M, k]
   __shared__ float red[warps][R][M];
   __shared__ float s_sum[warps][M];
@@ -239,12 +237,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
 
-  // The weights do not depend on the previous kernel: the first batch goes out before the wait,
-  // and the first blocks ask for their whole rows at once (prefetch_l2: one instruction a row,
-  // where the register loads keep only U x 16 bytes a lane in flight).
-  if (blockIdx.x < p.prefetch_blocks && part == 0 && lane == 0 && active)
-#pragma unroll
-    for (int r = 0; r < R; ++r) prefetch_l2(wr[r], static_cast<unsigned>(k) * sizeof(T));
+  // The weights do not depend on the previous kernel: the first batch goes out before the wait.
   uint4 cur[R][U];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -493,9 +486,8 @@ GemvTuning tuning_from_env() noexcept {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) : 0;
   };
-  GemvTuning t{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1};
-  if (std::getenv("XSERV_CUDA_L2_PREFETCH_MB")) t.l2_prefetch_bytes = std::int64_t{get("XSERV_CUDA_L2_PREFETCH_MB")} << 20;
-  return t;
+  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
+                    get("XSERV_CUDA_GEMV_UNROLL")};
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -538,12 +530,14 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
-  const int blocks = (p.n + cols_per_block - 1) / cols_per_block;
-  const std::int64_t block_bytes =
-      std::int64_t{cols_per_block} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
-  p.prefetch_blocks = static_cast<int>(std::min<std::int64_t>(blocks, tune.l2_prefetch_bytes / block_bytes));
-  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>, dim3(blocks),
-             dim3(warps * 32), smem, stream, p);
+  const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
+  if constexpr (M == 1) {
+    if (tune.unroll == 8) {
+      launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 8>, grid, dim3(warps * 32), smem, stream, p);
+      return;
+    }
+  }
+  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 4>, grid, dim3(warps * 32), smem, stream, p);
 }
 
 template <typename T, typename OutT, int M>

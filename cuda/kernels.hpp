@@ -14,9 +14,10 @@
 namespace xserv::cuda {
 
 // Whether kernels that support it are launched with programmatic dependent launch (see
-// launch_pdl in common.cuh): only with XSERV_CUDA_PDL=1. Off by default because it measured no
-// faster: Qwen3-8B decode at batch 1 on the H200, 203.1 tok/s with it and 206.3 without, 205.0
-// and 204.0 in a later call (docs/benchmarks.md); the graph replay leaves no gaps to hide.
+// launch_pdl in common.cuh); XSERV_CUDA_PDL=0 turns it off. On since each kernel lets the next one
+// launch only after its own wait (two kernels of a chain overlap): on the H200 that made batch-1
+// decode 4-8% faster on the small models (docs/benchmarks.md, "Programmatic dependent launch, one
+// kernel ahead"), where letting every kernel launch the next first thing had measured no faster.
 bool pdl_enabled() noexcept;
 
 // embedding.cu
@@ -73,14 +74,12 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
-// l2_prefetch_bytes: how much of its weight an out_in GEMV asks into L2 up front (prefetch_l2 in
-// the first blocks, before grid_dependency_wait: with XSERV_CUDA_PDL=1 that overlaps the kernel
-// before it), XSERV_CUDA_L2_PREFETCH_MB; 0 turns it off. A budget, not the whole weight: L2 holds
-// ~50 MB and the rest of a large weight is streamed by the blocks after the first wave anyway.
+// unroll: 8 makes a one-row GEMV keep 8 loads a lane in flight (and issue 8 before its
+// grid_dependency_wait) instead of 4 (XSERV_CUDA_GEMV_UNROLL=8).
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
-  std::int64_t l2_prefetch_bytes = std::int64_t{24} << 20;
+  int unroll = 0;
 };
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
