@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   __shared__ float s_acc[num_warps][G][D];
   __shared__ float s_ml[num_warps][G][2];
 
-  grid_dependency_wait();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int li = lane % L, kg = lane / L;
@@ -78,11 +77,38 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   const int dim = p.head_dim;
   const bool full = dim == D;
 
+  // Before grid_dependency_wait (the kernel before this one may still be running; launch_pdl):
+  // only what no kernel of this step writes, i.e. the batch metadata (uploaded before the step)
+  // and the keys cached before this step's rows. Their first round of K/V loads goes out here.
   const int seq = find_sequence(p.query_start, p.num_seqs, row);
   const int q_len = p.query_start[seq + 1] - p.query_start[seq];
   const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
   const int k_begin = split * p.split_size;
   const int k_end = min(n_keys, k_begin + p.split_size);
+  const int cached_end = min(k_end, p.context_lens[seq] - q_len);  // keys before this step's
+
+  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  // Two keys per lane group and iteration: both keys' block-table reads and K/V loads are issued
+  // before either is used, halving the dependent memory round trips of a long split (the update
+  // order over keys is unchanged).
+  constexpr int U = 2;
+  const int k_first = k_begin + warp * keys_per_warp;
+  float kv[U][E], vv[U][E];
+  bool loaded[U];  // the first iteration's key u was loaded before the wait
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int k = k_first + u * keys_per_block + kg;
+    loaded[u] = p.early_kv && k < cached_end;
+    if (loaded[u]) {
+      const std::int64_t slot = static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size + k % p.block_size;
+      const std::int64_t base = (slot * p.n_kv_heads + kvh) * dim;
+      load_row<T, E>(kc + base, li * E, dim, full, kv[u]);
+      load_row<T, E>(vc + base, li * E, dim, full, vv[u]);
+    }
+  }
+  grid_dependency_wait();
 
   const T* q_row = static_cast<const T*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride;
   float q[G][E];
@@ -106,9 +132,6 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
     for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
   }
 
-  const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
   const int own = n_keys - 1;  // decode: the row's own key, this step's k and v
   if (p.store_kv && own >= k_begin && own < k_end) {
     const std::int64_t slot = static_cast<std::int64_t>(table[own / p.block_size]) * p.block_size + own % p.block_size;
@@ -122,17 +145,14 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
     __syncthreads();  // the block's own writes, visible to its reads below
   }
   // The loop bound is the same for the whole warp (shuffles need every lane); lanes past the
-  // end compute on zeros and skip the update. Two keys per lane group and iteration: both keys'
-  // block-table reads and K/V loads are issued before either is used, halving the dependent
-  // memory round trips of a long split (the update order over keys is unchanged).
-  constexpr int U = 2;
-  for (int k0 = k_begin + warp * keys_per_warp; k0 < k_end; k0 += U * keys_per_block) {
-    float kv[U][E], vv[U][E];
+  // end compute on zeros and skip the update.
+  for (int k0 = k_first; k0 < k_end; k0 += U * keys_per_block) {
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * keys_per_block + kg;
       valid[u] = k < k_end;
+      if (k0 == k_first && loaded[u]) continue;
       if (valid[u]) {
         const std::int64_t slot = static_cast<std::int64_t>(table[k / p.block_size]) * p.block_size +
                                   k % p.block_size;
@@ -845,10 +865,19 @@ bool rows_merge_kernel() noexcept {
   return env != nullptr && std::string_view(env) == "1";
 }
 
+bool rows_early_kv() noexcept {
+  static const bool on = [] {
+    const char* env = std::getenv("XSERV_CUDA_ATTN_EARLY_KV");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return on;
+}
+
 template <typename T, int D, int G>
 void launch_rows(cudaStream_t stream, const AttentionParams& p) {
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
   AttentionParams rp = p;
+  rp.early_kv = rows_early_kv();
   const bool in_kernel = p.tickets != nullptr && p.num_splits <= rows_merge_splits && !rows_merge_kernel();
   if (!in_kernel) rp.tickets = nullptr;
   launch_pdl(attention_rows_kernel<T, D, G>, grid, dim3(threads), 0, stream, rp);

@@ -178,6 +178,9 @@ struct AttentionParams {
   // split holds a row's own key first copies the row's k and v from qkv, as they are (no norm, no
   // RoPE: GPT-2), into the cache, in place of a qk_transform_store kernel before it.
   bool store_kv = false;
+  // The register kernel loads its first keys before grid_dependency_wait when they were cached
+  // before this step (XSERV_CUDA_ATTN_EARLY_KV=0: after it, as before 2026-12-02).
+  bool early_kv = true;
 };
 // One query row per block (decode), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);
