@@ -172,11 +172,11 @@ __device__ __forceinline__ void grid_dependency_wait() {
   allow_dependents();
 }
 
-// Launches `kernel` with programmatic stream serialization (see above) when pdl_enabled(),
-// otherwise as a plain launch.
+// Launches `kernel` with programmatic stream serialization (see above) when `pdl`, otherwise as a
+// plain launch.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                cudaStream_t stream, Args... args) {
+void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -186,8 +186,15 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t sm
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  config.numAttrs = pdl ? 1 : 0;
   XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
+// launch_kernel with programmatic dependent launch when pdl_enabled().
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                cudaStream_t stream, Args... args) {
+  launch_kernel(pdl_enabled(), kernel, grid, block, smem, stream, args...);
 }
 
 }  // namespace xserv::cuda

@@ -1,6 +1,7 @@
 #include "cuda/cuda_check.hpp"
 
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #include "core/error.hpp"
@@ -28,6 +29,14 @@ bool pdl_enabled() noexcept {
     return env == nullptr || std::string_view(env) != "0";
   }();
   return enabled;
+}
+
+std::int64_t pdl_gemv_max_bytes() noexcept {
+  static const std::int64_t bytes = [] {
+    const char* env = std::getenv("XSERV_CUDA_PDL_GEMV_MB");
+    return env != nullptr ? std::int64_t{std::atoi(env)} << 20 : std::numeric_limits<std::int64_t>::max();
+  }();
+  return bytes;
 }
 
 }  // namespace xserv::cuda

@@ -218,12 +218,14 @@ __device__ void layer_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_s
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
 // so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
-// U: loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
-// (bench/gemv_bench, docs/benchmarks.md): more registers, fewer resident warps.
-template <typename T, int M, typename OutT, bool Norm, bool Swiglu, int U>
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
 __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
+  // Loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
+  // (bench/gemv_bench, docs/benchmarks.md): more registers, fewer resident warps; 8 also with
+  // programmatic dependent launch, where they would all go out before the wait.
+  constexpr int U = 4;
   extern __shared__ uint4 s_dyn[];   // Norm: the normalised rows [M, k]
   __shared__ float red[warps][R][M];
   __shared__ float s_sum[warps][M];
@@ -486,8 +488,7 @@ GemvTuning tuning_from_env() noexcept {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) : 0;
   };
-  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
-                    get("XSERV_CUDA_GEMV_UNROLL")};
+  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1};
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -531,13 +532,10 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
-  if constexpr (M == 1) {
-    if (tune.unroll == 8) {
-      launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 8>, grid, dim3(warps * 32), smem, stream, p);
-      return;
-    }
-  }
-  launch_pdl(gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 4>, grid, dim3(warps * 32), smem, stream, p);
+  // Large weights launch plainly (pdl_gemv_max_bytes in kernels.hpp says why).
+  const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
+  launch_kernel(pdl_enabled() && weight_bytes <= pdl_gemv_max_bytes(), gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>,
+                grid, dim3(warps * 32), smem, stream, p);
 }
 
 template <typename T, typename OutT, int M>

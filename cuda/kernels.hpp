@@ -19,6 +19,9 @@ namespace xserv::cuda {
 // decode 4-8% faster on the small models (docs/benchmarks.md, "Programmatic dependent launch, one
 // kernel ahead"), where letting every kernel launch the next first thing had measured no faster.
 bool pdl_enabled() noexcept;
+// Decode GEMVs whose weight is larger than this launch plainly even with pdl_enabled()
+// (XSERV_CUDA_PDL_GEMV_MB, read once; default: no limit).
+std::int64_t pdl_gemv_max_bytes() noexcept;
 
 // embedding.cu
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
@@ -74,12 +77,9 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
-// unroll: 8 makes a one-row GEMV keep 8 loads a lane in flight (and issue 8 before its
-// grid_dependency_wait) instead of 4 (XSERV_CUDA_GEMV_UNROLL=8).
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
-  int unroll = 0;
 };
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
