@@ -77,10 +77,14 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
+// bulk: plain one-row GEMVs with K up to max_bulk_k stream their weights through shared memory
+// with bulk copies (gemv_bulk_kernel in gemv.cu; XSERV_CUDA_GEMV_BULK=1).
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
+  bool bulk = false;
 };
+constexpr int max_bulk_k = 16384;
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
 // decode), a and W [N, K] (out_in) in bf16, out in bf16 or f32: each weight element is loaded
