@@ -332,7 +332,7 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
 }
 
 TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]") {
-  // gemv_bulk_kernel (XSERV_CUDA_GEMV_BULK=1): rows of one chunk, of several with a 16-byte
+  // gemv_bulk_kernel (forced for f32 too): rows of one chunk, of several with a 16-byte
   // tail, many rows a warp (n past the grid's warps), beta = 1 and f32 logits.
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -344,7 +344,7 @@ TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]")
   struct Reset {
     ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
   } reset;
-  cuda::gemv_tuning().bulk = true;
+  cuda::gemv_tuning().bulk = 1;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (int variant = 0; variant < 2; ++variant) {  // beta = 1 in dt, f32 out
@@ -387,7 +387,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split matches th
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (int wpr : {1, 2, 4, 8}) {
-        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, false};
+        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, 0};
         for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
