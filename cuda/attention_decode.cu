@@ -566,22 +566,29 @@ __global__ void __launch_bounds__(mma_threads)
     copy_async_commit();  // possibly empty: one group per chunk keeps the wait counts uniform
   };
   // The first Stages - 1 chunks: those wholly in the cached prefix before the wait (in order:
-  // the commit groups count chunks), the rest after it.
-  long long next_off = chunk_offset(0);
-  int issued = 0;
+  // the commit groups count chunks), the rest after it. The slots of the first Stages chunks
+  // (the last one is the key loop's first copy) are looked up at once, so their block-table
+  // reads are in flight together rather than one round trip per chunk before the first copy.
+  long long first_offs[Stages];
+#pragma unroll
+  for (int j = 0; j < Stages; ++j) first_offs[j] = chunk_offset(j);
+  int issued = 0;  // chunks copied so far
   auto prologue_copies = [&](bool cached_only) {
-    for (; issued < Stages - 1; ++issued) {
-      const int start = k_begin + (warp + issued * mma_warps) * chunk_keys;
-      if (cached_only && issued < my_chunks && min(start + chunk_keys, k_end) > cached_end) break;
-      copy_chunk(issued, next_off);
-      next_off = chunk_offset(issued + 1);
+#pragma unroll
+    for (int j = 0; j < Stages - 1; ++j) {  // unrolled: first_offs stays in registers
+      if (j != issued) continue;            // copied already, or an earlier chunk stopped here
+      const int start = k_begin + (warp + j * mma_warps) * chunk_keys;
+      if (cached_only && j < my_chunks && min(start + chunk_keys, k_end) > cached_end) continue;
+      copy_chunk(j, first_offs[j]);
+      issued = j + 1;
     }
   };
 
   // Fused (decode steps only, one row per sequence): this block transforms its G q heads into
   // shared memory itself, and the block whose split holds the row's own key (the last one)
-  // first writes that key's k and v to the cache, then copies; the other blocks never read that
-  // key, so they start their copies before the transform.
+  // writes that key's k and v to the cache, then copies the chunk holding it; the chunks wholly
+  // before that key are copied first, while the transform runs (with one split, at short
+  // contexts, every block is a writer: its copies would otherwise wait for the transform).
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
   if constexpr (Fused) {
@@ -589,7 +596,7 @@ __global__ void __launch_bounds__(mma_threads)
     __shared__ float s_stage[mma_warps][D];
     const QkTransformParams& t = params.qk;
     const bool writer = split == (n_keys - 1) / p.split_size;
-    if (!writer) prologue_copies(true);
+    prologue_copies(true);
     grid_dependency_wait();
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
     const float pos = static_cast<float>(t.positions[row]);
@@ -635,6 +642,7 @@ __global__ void __launch_bounds__(mma_threads)
   for (int j = 0; j < dtiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m = -CUDART_INF_F, l = 0.0f;
 
+  long long next_off = first_offs[Stages - 1];
   for (int i = 0; i < my_chunks; ++i) {
     copy_chunk(i + Stages - 1, next_off);  // into the buffer chunk i - 1 used
     next_off = chunk_offset(i + Stages);   // its table read hides behind this chunk
@@ -948,6 +956,14 @@ bool use_mma() noexcept {
   return env == nullptr || std::string_view(env) != "0";
 }
 
+// "Few rows": the batch's (row, kv head) pairs, one block each, fill less than half the SMs
+// (batch 1 and small batches of every Qwen3). Such launches keep the deeper ring
+// (launch_stages) and, over a short context, one split and the folded q/k prologue
+// (short_context_decode).
+bool few_decode_rows(std::int64_t rows_x_kv_heads, int sm_count) noexcept {
+  return 2 * rows_x_kv_heads < sm_count;
+}
+
 // Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4; unset: 0,
 // chosen per launch by launch_stages) and the keys a split holds at least
 // (XSERV_CUDA_ATTN_SPLIT_KEYS, a multiple of 16, default 64: one chunk per warp).
@@ -975,12 +991,17 @@ int launch_stages(const AttentionParams& p) {
     XSERV_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     return std::max(n, 1);
   }();
-  return 2 * static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads >= sm_count ? 2 : 3;
+  return few_decode_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, sm_count) ? 3 : 2;
+}
+// XSERV_CUDA_ATTN_SPLIT_KEYS when it is set to a multiple of 16, else 0 (the rules decide).
+std::int32_t mma_split_keys_forced() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_SPLIT_KEYS");
+  const int v = env ? std::atoi(env) : 0;
+  return v >= chunk_keys && v % chunk_keys == 0 ? v : 0;
 }
 std::int32_t mma_split_keys() noexcept {
-  const char* env = std::getenv("XSERV_CUDA_ATTN_SPLIT_KEYS");
-  const int v = env ? std::atoi(env) : 64;
-  return v >= chunk_keys && v % chunk_keys == 0 ? v : 64;
+  const std::int32_t forced = mma_split_keys_forced();
+  return forced != 0 ? forced : 64;
 }
 
 // The fewest keys a split of the register kernel holds (XSERV_CUDA_ATTN_ROWS_SPLIT_KEYS, a
@@ -1089,6 +1110,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   // whole bucket, a context just past a power of two (16384 + a few) left half the SMs idle.
   // Enough rows fill the wave unsplit.
   const bool mma = use_mma();
+  if (mma && mma_split_keys_forced() == 0 && short_context_decode(rows_x_kv_heads, context_bucket, sm_count))
+    return {1, context_bucket};
   const std::int64_t wave =
       static_cast<std::int64_t>(mma ? mma_blocks_per_sm(head_dim, mma_stages() ? mma_stages() : 3)
                                     : tiles_blocks_per_sm(head_dim, group)) *
@@ -1126,10 +1149,16 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
   else launch_rows_typed<__nv_bfloat16>(stream, p);
 }
 
+bool short_context_decode(std::int64_t rows_x_kv_heads, std::int32_t context_bucket, int sm_count) noexcept {
+  return context_bucket <= short_context_keys && few_decode_rows(rows_x_kv_heads, sm_count);
+}
+
 bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
-                                std::int32_t max_query_len) noexcept {
+                                std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
+                                std::int32_t context_bucket, int sm_count) noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_FUSE_QK");  // at every call, as use_mma
-  const bool enabled = env != nullptr && std::string_view(env) != "0";
+  const bool enabled = env != nullptr ? std::string_view(env) != "0"
+                                      : short_context_decode(rows_x_kv_heads, context_bucket, sm_count);
   return enabled && max_query_len == 1 && use_tiles(dt, head_dim) && use_mma() && group >= 1 &&
          group <= 8;
 }

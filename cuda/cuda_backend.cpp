@@ -796,9 +796,13 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     launch_qk_attention(stream_, qkv.dtype, p);
     return;
   }
-  // Opt-in (XSERV_CUDA_ATTN_FUSE_QK=1): the split mma decode kernel with the prologue folded in.
+  // The split mma decode kernel with the prologue folded in: few rows over a short context
+  // (short_context_decode), or every decode step with XSERV_CUDA_ATTN_FUSE_QK=1. Decided from
+  // the graph key's shape (rows, the longest query, the context bucket), as above.
   if (group > 0 && heads.n_q_heads % heads.n_kv_heads == 0 &&
-      qk_attention_mma_supported(qkv.dtype, heads.head_dim, group, batch.max_query_len)) {
+      qk_attention_mma_supported(qkv.dtype, heads.head_dim, group, batch.max_query_len,
+                                 static_cast<std::int64_t>(batch.num_tokens) * heads.n_kv_heads,
+                                 bucket, sm_count_)) {
     QkAttentionParams p{attention_params(out, qkv, heads, batch, cache, scale),
                         qk_params(qkv, heads, t, batch, cache)};
     if (p.attn.num_tokens == 0) return;

@@ -203,6 +203,16 @@ struct AttentionSplit {
 AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_t group,
                                     std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
                                     int sm_count);
+// The mma decode kernel's short-context rule: a decode launch whose (row, kv head) pairs fill
+// less than half the SMs, over a context bucket of at most short_context_keys keys, takes one
+// split per pair (no partials, no merge) and, through qk_attention, the q/k prologue folded into
+// the attention (qk_attention_mma_supported). At a few hundred keys a block's four warps stream
+// a row's keys in a few chunks each, so the merge's round trips cost more than the extra blocks
+// gain; past that bucket the splits win (a 256-key split lost 8% after 1000 tokens), and with
+// many rows the folded prologue lost (128 rows, serving). XSERV_CUDA_ATTN_SPLIT_KEYS and
+// XSERV_CUDA_ATTN_FUSE_QK, when set, override it. Measured: docs/benchmarks.md.
+constexpr std::int32_t short_context_keys = 256;
+bool short_context_decode(std::int64_t rows_x_kv_heads, std::int32_t context_bucket, int sm_count) noexcept;
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;
 // Prefill attention in query-row tiles: tensor-core tiles of 64+ rows for bf16 (head_dim 64 or
 // 128), CUDA-core tiles of 32 rows for f32 (head_dim 16, 32, 64 or 128; unless
@@ -224,9 +234,13 @@ bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group)
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
 // transforms its q heads, the block of the row's own key writes k and v to the cache first), for
 // steps where every sequence has one query row. The splits (attn.num_splits, split_size,
-// partial_*, tickets) are set as for launch_attention_rows. Opt-in: XSERV_CUDA_ATTN_FUSE_QK=1.
+// partial_*, tickets) are set as for launch_attention_rows. Taken by default where
+// short_context_decode holds (rows_x_kv_heads = rows * n_kv_heads, context_bucket as for the
+// splits); XSERV_CUDA_ATTN_FUSE_QK=1 / 0 (read at every call) forces it on / off for every
+// decode step.
 bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
-                                std::int32_t max_query_len) noexcept;
+                                std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
+                                std::int32_t context_bucket, int sm_count) noexcept;
 void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
 void launch_qk_attention(cudaStream_t stream, DType dt, const QkAttentionParams& p);
 

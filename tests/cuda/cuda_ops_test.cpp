@@ -900,7 +900,10 @@ TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes agains
 // heads); one 16500-key row over 2 kv heads (256 splits merged by
 // the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
 // chunk straddles blocks); and the mma kernel with the q/k prologue folded in
-// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention).
+// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention). The defaults (split size and FUSE_QK
+// unset) run every case through both ops: few rows over a context bucket of at most 256 keys
+// (the `short_rows` batches and single rows of 1-256 keys) take one split and, through
+// qk_attention, the folded prologue (short_context_decode), the other cases the split kernels.
 TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed lengths", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -912,36 +915,50 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   for (std::int32_t i = 0; i < 40; ++i) many.emplace_back(1, 1 + (i * 37) % 300);
   const Seqs mid = {{1, 4097}, {1, 2000}};
   const Seqs one_long = {{1, 16500}};
+  // Few rows over short contexts (8 kv heads x 6 rows: 48 blocks, under half of any H100/H200's
+  // SMs): a row's keys in one to four chunks per warp, the own key at a chunk's first and last
+  // place, and a row exactly at the 256-key bucket.
+  const Seqs short_rows = {{1, 1}, {1, 16}, {1, 17}, {1, 64}, {1, 129}, {1, 256}};
+  const Seqs one_short = {{1, 200}};
+  const Seqs one_full = {{1, 256}};
   struct Case {
     HeadGeometry geom;
     const Seqs* seqs;
   };
-  const Case cases[] = {{{16, 8, 128}, &edges}, {{32, 8, 128}, &edges}, {{8, 1, 64}, &edges},
-                        {{12, 12, 64}, &edges}, {{40, 8, 128}, &mid},   {{16, 2, 64}, &mid},
-                        {{16, 8, 128}, &many},  {{8, 1, 128}, &many},   {{8, 2, 128}, &one_long}};
+  const Case cases[] = {{{16, 8, 128}, &edges},      {{32, 8, 128}, &edges},     {{8, 1, 64}, &edges},
+                        {{12, 12, 64}, &edges},      {{40, 8, 128}, &mid},       {{16, 2, 64}, &mid},
+                        {{16, 8, 128}, &many},       {{8, 1, 128}, &many},       {{8, 2, 128}, &one_long},
+                        {{16, 8, 128}, &short_rows}, {{40, 8, 128}, &short_rows}, {{8, 1, 64}, &short_rows},
+                        {{16, 8, 128}, &one_short},  {{32, 8, 128}, &one_full},  {{12, 12, 64}, &one_short}};
   struct Kernel {
     const char *mma, *stages, *split_keys, *fuse_qk;
+    bool one_op;  // through qk_attention (the fused kernel where it is chosen), else the two ops
   };
-  // stages nullptr: unset, the per-launch choice (3 buffers for few rows, 2 for batches).
-  const Kernel kernels[] = {{"1", nullptr, "64", "0"}, {"1", "3", "64", "0"}, {"1", "2", "16", "0"},
-                            {"1", "4", "64", "0"},     {"0", "3", "64", "0"}, {"1", nullptr, "64", "1"},
-                            {"1", "2", "16", "1"}};
+  // nullptr: unset. stages: the per-launch choice (3 buffers for few rows, 2 for batches);
+  // split_keys and fuse_qk: the short-context rule.
+  const Kernel kernels[] = {{"1", nullptr, "64", "0", false},   {"1", "3", "64", "0", false},
+                            {"1", "2", "16", "0", false},       {"1", "4", "64", "0", false},
+                            {"0", "3", "64", "0", false},       {"1", nullptr, "64", "1", true},
+                            {"1", "2", "16", "1", true},        {"1", nullptr, nullptr, nullptr, false},
+                            {"1", nullptr, nullptr, nullptr, true}, {"1", "4", nullptr, nullptr, true}};
+  const auto shown = [](const char* v) { return v ? v : "unset"; };
   for (const auto& k : kernels) {
     const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all four read at every call
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
     const ScopedEnv env_split("XSERV_CUDA_ATTN_SPLIT_KEYS", k.split_keys);
     const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", k.fuse_qk);
-    const bool fused = std::string_view(k.fuse_qk) == "1";
     for (const auto& c : cases) {
       for (std::int32_t bs : {16, 5}) {
-        INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << (k.stages ? k.stages : "unset")
-                                    << " SPLIT_KEYS=" << k.split_keys << " FUSE_QK=" << k.fuse_qk << " heads "
+        INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << shown(k.stages) << " SPLIT_KEYS="
+                                    << shown(k.split_keys) << " FUSE_QK=" << shown(k.fuse_qk)
+                                    << (k.one_op ? " qk_attention" : " two ops") << " heads "
                                     << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
                                     << c.geom.head_dim << " rows " << c.seqs->size()
                                     << " last context " << c.seqs->back().second << " block " << bs);
-        // The fused kernel (qk_attention) leaves q unspecified: compared with the CPU's whole
-        // prologue + attention instead, at the separate ops' tolerance.
-        run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, fused, !fused);
+        // qk_attention leaves q unspecified (the fused kernel keeps it in shared memory):
+        // compared with the CPU's whole prologue + attention instead, at the separate ops'
+        // tolerance.
+        run_attention_case(be, rng, DType::bf16, {c.geom, true, true, *c.seqs}, bs, k.one_op, !k.one_op);
       }
     }
   }
