@@ -481,17 +481,19 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 // after 16k tokens 961 us (2.52 TB/s) against 1937 us for the tile kernel and its merge; 186.8
 // against 159.1 tok/s. Three chunk buffers a warp and splits of at least 64 keys measured best
 // of 2/3 buffers and 16/64/256 keys.
+// Warps a block: 4 (mma_warps); 8 with two chunk buffers each (XSERV_CUDA_ATTN_WARPS=8, 128 KB
+// a block at head_dim 128) halves each warp's serial chain of chunks over the same keys.
 constexpr int mma_warps = 4;
-constexpr int mma_threads = mma_warps * 32;
+constexpr int wide_warps = 8;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
 
-template <int D, int Stages>
+template <int D, int Stages, int Warps = mma_warps>
 struct DecodeLayout {
   static constexpr int chunk_elems = chunk_keys * D;           // one K or V chunk, bf16
   static constexpr int warp_elems = Stages * 2 * chunk_elems;  // a warp's ring
-  static constexpr int ring_bytes = mma_warps * warp_elems * 2;
+  static constexpr int ring_bytes = Warps * warp_elems * 2;
   // The end-of-block combine: per warp, 8 heads x (D outputs + m + l) floats.
-  static constexpr int combine_bytes = mma_warps * 8 * (D + 2) * 4;
+  static constexpr int combine_bytes = Warps * 8 * (D + 2) * 4;
 };
 
 // Shared memory of the in-kernel merge: per head and split a weight and a sum, then one float4
@@ -499,16 +501,17 @@ struct DecodeLayout {
 __host__ __device__ constexpr int merge_floats(int group, int splits) {  // s_w and s_l, float4-aligned
   return (2 * group * splits + 3) / 4 * 4;
 }
-constexpr int merge_bytes(int group, int splits) {
-  return merge_floats(group, splits) * 4 + mma_threads * 16;
+constexpr int merge_bytes(int group, int splits, int block_threads) {
+  return merge_floats(group, splits) * 4 + block_threads * 16;
 }
 
-template <int D, int Stages, bool Fused>
-__global__ void __launch_bounds__(mma_threads)
+template <int D, int Stages, bool Fused, int Warps>
+__global__ void __launch_bounds__(Warps * 32)
     attention_decode_mma_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
   const AttentionParams& p = params.attn;
-  using Lay = DecodeLayout<D, Stages>;
+  using Lay = DecodeLayout<D, Stages, Warps>;
+  constexpr int block_threads = Warps * 32;
   constexpr int pieces = D / 8;               // 16-byte pieces of a K or V row
   constexpr int rows_per_copy = 32 / pieces;  // rows one warp-wide cp.async covers (2 or 4)
   constexpr int copies = 2 * chunk_keys / rows_per_copy;  // cp.async per lane and chunk
@@ -534,7 +537,7 @@ __global__ void __launch_bounds__(mma_threads)
   const int k_begin = split * p.split_size;
   const int k_end = min(n_keys, k_begin + p.split_size);
   const int n_chunks = (k_end - k_begin + chunk_keys - 1) / chunk_keys;
-  const int my_chunks = n_chunks > warp ? (n_chunks - warp + mma_warps - 1) / mma_warps : 0;
+  const int my_chunks = n_chunks > warp ? (n_chunks - warp + Warps - 1) / Warps : 0;
   const int cached_end = p.context_lens[seq] - q_len;  // keys written before this step
 
   // Copies: lane key % 16 looks up the slot of key `lane % 16` of a chunk; copy n moves piece
@@ -546,7 +549,7 @@ __global__ void __launch_bounds__(mma_threads)
   const int bs = p.block_size, shift = __ffs(bs) - 1;
   const bool pow2 = (bs & (bs - 1)) == 0;
   auto chunk_offset = [&](int i) -> long long {  // element offset of this lane's key; -1: none
-    const int key = k_begin + (warp + i * mma_warps) * chunk_keys + (lane & (chunk_keys - 1));
+    const int key = k_begin + (warp + i * Warps) * chunk_keys + (lane & (chunk_keys - 1));
     if (i >= my_chunks || key >= k_end) return -1;
     const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
     return ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
@@ -577,7 +580,7 @@ __global__ void __launch_bounds__(mma_threads)
 #pragma unroll
     for (int j = 0; j < Stages - 1; ++j) {  // unrolled: first_offs stays in registers
       if (j != issued) continue;            // copied already, or an earlier chunk stopped here
-      const int start = k_begin + (warp + j * mma_warps) * chunk_keys;
+      const int start = k_begin + (warp + j * Warps) * chunk_keys;
       if (cached_only && j < my_chunks && min(start + chunk_keys, k_end) > cached_end) continue;
       copy_chunk(j, first_offs[j]);
       issued = j + 1;
@@ -593,7 +596,7 @@ __global__ void __launch_bounds__(mma_threads)
   unsigned qf[ksteps][2];
   if constexpr (Fused) {
     __shared__ __align__(16) bf16 s_qt[8][D];
-    __shared__ float s_stage[mma_warps][D];
+    __shared__ float s_stage[Warps][D];
     const QkTransformParams& t = params.qk;
     const bool writer = split == (n_keys - 1) / p.split_size;
     prologue_copies(true);
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__(mma_threads)
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
     const float pos = static_cast<float>(t.positions[row]);
     const std::int64_t slot = t.slot_mapping[row];
-    for (int h = warp; h < group + (writer ? 2 : 0); h += mma_warps) {  // warp-uniform
+    for (int h = warp; h < group + (writer ? 2 : 0); h += Warps) {  // warp-uniform
       if (h < group) {
         transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],
                              static_cast<const bf16*>(t.q_norm), pos, lane);
@@ -660,7 +663,7 @@ __global__ void __launch_bounds__(mma_threads)
       mma_bf16(s[0], a, b[0], b[1]);
       mma_bf16(s[1], a, b[2], b[3]);
     }
-    const int key0 = k_begin + (warp + i * mma_warps) * chunk_keys;
+    const int key0 = k_begin + (warp + i * Warps) * chunk_keys;
     if (key0 + chunk_keys > k_end) {  // the split's last chunk: mask its zero-filled tail
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -702,21 +705,21 @@ __global__ void __launch_bounds__(mma_threads)
   // The warps' states through shared memory (the rings are free once every warp is here).
   __syncthreads();
   float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][8][D]
-  float* s_ml = s_o + mma_warps * 8 * D;             // [warp][8][2]
+  float* s_ml = s_o + Warps * 8 * D;                 // [warp][8][2]
 #pragma unroll
   for (int j = 0; j < dtiles; ++j)
     *reinterpret_cast<float2*>(&s_o[(warp * 8 + g) * D + j * 8 + 2 * t4]) = make_float2(o[j][0], o[j][1]);
   if (t4 == 0) s_ml[(warp * 8 + g) * 2] = m, s_ml[(warp * 8 + g) * 2 + 1] = l;
   __syncthreads();
   const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
-  for (int idx = tid; idx < group * D; idx += mma_threads) {
+  for (int idx = tid; idx < group * D; idx += block_threads) {
     const int h = idx / D, d = idx % D;
     float mx = -CUDART_INF_F;
 #pragma unroll
-    for (int w = 0; w < mma_warps; ++w) mx = fmaxf(mx, s_ml[(w * 8 + h) * 2]);
+    for (int w = 0; w < Warps; ++w) mx = fmaxf(mx, s_ml[(w * 8 + h) * 2]);
     float sum = 0.0f, val = 0.0f;
 #pragma unroll
-    for (int w = 0; w < mma_warps; ++w) {
+    for (int w = 0; w < Warps; ++w) {
       const float mw = s_ml[(w * 8 + h) * 2];
       const float a = mw == -CUDART_INF_F ? 0.0f : fast_exp2(mw - mx);
       sum += s_ml[(w * 8 + h) * 2 + 1] * a;
@@ -751,7 +754,7 @@ __global__ void __launch_bounds__(mma_threads)
   float* s_l = s_w + group * splits;                // [group][splits]
   float4* s_part = reinterpret_cast<float4*>(s_w + merge_floats(group, splits));  // [threads]
   const std::int64_t first = static_cast<std::int64_t>(row) * p.n_q_heads + kvh * group;  // head
-  for (int idx = tid; idx < group * splits; idx += mma_threads) {  // (m, l) of every split at once
+  for (int idx = tid; idx < group * splits; idx += block_threads) {  // (m, l) of every split at once
     const int h = idx / splits, sp = idx % splits;
     const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.partial_ml) +
                              (first + h) * p.num_splits + sp);
@@ -760,7 +763,7 @@ __global__ void __launch_bounds__(mma_threads)
   }
   __syncthreads();
   __shared__ float s_sum[8];
-  for (int h = warp; h < group; h += mma_warps) {  // per head: max, weights, their sum
+  for (int h = warp; h < group; h += Warps) {  // per head: max, weights, their sum
     float mx = -CUDART_INF_F;
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, s_w[h * splits + s]);
     mx = warp_max(mx);
@@ -778,9 +781,9 @@ __global__ void __launch_bounds__(mma_threads)
   // Outputs as float4s: `outs` of them, each summed over `slices` interleaved sets of splits
   // (more slices when the group is small, so every thread has loads in flight).
   const int outs = group * D / 4;
-  const int slices = max(1, mma_threads / outs);
+  const int slices = max(1, block_threads / outs);
   const int slice = tid / outs;
-  for (int oi = tid % outs; oi < outs && slice < slices; oi += mma_threads) {
+  for (int oi = tid % outs; oi < outs && slice < slices; oi += block_threads) {
     const int h = oi / (D / 4);
     const float4* part = reinterpret_cast<const float4*>(p.partial_out + (first + h) * p.num_splits * D) + oi % (D / 4);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1019,17 +1022,17 @@ std::int32_t rows_split_keys() noexcept {
 
 // The largest dynamic shared memory a launch of the mma kernel asks for: its rings, or the merge
 // of max_splits splits of 8 heads.
-template <int D, int Stages>
+template <int D, int Stages, int Warps>
 constexpr int mma_max_smem() {
-  return std::max(DecodeLayout<D, Stages>::ring_bytes, merge_bytes(8, max_splits));
+  return std::max(DecodeLayout<D, Stages, Warps>::ring_bytes, merge_bytes(8, max_splits, Warps * 32));
 }
 
-template <int D, int Stages, bool Fused = false>
+template <int D, int Stages, bool Fused = false, int Warps = mma_warps>
 auto mma_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_mma_kernel<D, Stages, Fused>;
+    auto* k = attention_decode_mma_kernel<D, Stages, Fused, Warps>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          mma_max_smem<D, Stages>()));
+                                          mma_max_smem<D, Stages, Warps>()));
     return k;
   }();
   return kernel;
@@ -1040,7 +1043,7 @@ int mma_blocks_per_sm_of() {
   static const int blocks = [] {
     int b = 0;
     XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &b, mma_kernel_configured<D, Stages>(), mma_threads, DecodeLayout<D, Stages>::ring_bytes));
+        &b, mma_kernel_configured<D, Stages>(), mma_warps * 32, DecodeLayout<D, Stages>::ring_bytes));
     return std::max(b, 1);
   }();
   return blocks;
@@ -1055,19 +1058,31 @@ int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
                      : stages == 3 ? mma_blocks_per_sm_of<128, 3>() : mma_blocks_per_sm_of<128, 4>();
 }
 
-template <int D, int Stages, bool Fused>
+template <int D, int Stages, bool Fused, int Warps = mma_warps>
 void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int smem = std::max(DecodeLayout<D, Stages>::ring_bytes,
-                            p.num_splits > 1 ? merge_bytes(group, p.num_splits) : 0);
+  const int smem = std::max(DecodeLayout<D, Stages, Warps>::ring_bytes,
+                            p.num_splits > 1 ? merge_bytes(group, p.num_splits, Warps * 32) : 0);
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  launch_pdl(mma_kernel_configured<D, Stages, Fused>(), grid, dim3(mma_threads),
+  launch_pdl(mma_kernel_configured<D, Stages, Fused, Warps>(), grid, dim3(Warps * 32),
              static_cast<std::size_t>(smem), stream, qp);
+}
+
+// Tuning, read at every call: XSERV_CUDA_ATTN_WARPS=8 runs every mma launch with 8 warps of two
+// chunk buffers (the ring depth is then not chosen: 8 x 3 buffers would leave too little shared
+// memory for a second block anywhere).
+bool mma_wide() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_WARPS");
+  return env != nullptr && std::atoi(env) == wide_warps;
 }
 
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
+  if (mma_wide()) {
+    launch_mma<D, 2, Fused, wide_warps>(stream, p);
+    return;
+  }
   const int stages = launch_stages(p.attn);
   if (stages == 2) launch_mma<D, 2, Fused>(stream, p);
   else if (stages == 3) launch_mma<D, 3, Fused>(stream, p);

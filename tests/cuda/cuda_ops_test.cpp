@@ -900,7 +900,8 @@ TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes agains
 // heads); one 16500-key row over 2 kv heads (256 splits merged by
 // the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
 // chunk straddles blocks); and the mma kernel with the q/k prologue folded in
-// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention). The defaults (split size and FUSE_QK
+// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention); 8 warps a block (XSERV_CUDA_ATTN_WARPS=8)
+// with and without splits merged. The defaults (split size and FUSE_QK
 // unset) run every case through both ops: few rows over a context bucket of at most 256 keys
 // (the `short_rows` batches and single rows of 1-256 keys) take one split and, through
 // qk_attention, the folded prologue (short_context_decode), the other cases the split kernels.
@@ -933,24 +934,35 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   struct Kernel {
     const char *mma, *stages, *split_keys, *fuse_qk;
     bool one_op;  // through qk_attention (the fused kernel where it is chosen), else the two ops
+    const char* warps = nullptr;
   };
   // nullptr: unset. stages: the per-launch choice (3 buffers for few rows, 2 for batches);
-  // split_keys and fuse_qk: the short-context rule.
-  const Kernel kernels[] = {{"1", nullptr, "64", "0", false},   {"1", "3", "64", "0", false},
-                            {"1", "2", "16", "0", false},       {"1", "4", "64", "0", false},
-                            {"0", "3", "64", "0", false},       {"1", nullptr, "64", "1", true},
-                            {"1", "2", "16", "1", true},        {"1", nullptr, nullptr, nullptr, false},
-                            {"1", nullptr, nullptr, nullptr, true}, {"1", "4", nullptr, nullptr, true}};
+  // split_keys and fuse_qk: the short-context rule; warps: 4 a block ("8": 8 of 2 buffers).
+  const Kernel kernels[] = {{"1", nullptr, "64", "0", false},
+                            {"1", "3", "64", "0", false},
+                            {"1", "2", "16", "0", false},
+                            {"1", "4", "64", "0", false},
+                            {"0", "3", "64", "0", false},
+                            {"1", nullptr, "64", "1", true},
+                            {"1", "2", "16", "1", true},
+                            {"1", nullptr, nullptr, nullptr, false},
+                            {"1", nullptr, nullptr, nullptr, true},
+                            {"1", "4", nullptr, nullptr, true},
+                            {"1", nullptr, nullptr, nullptr, false, "8"},
+                            {"1", nullptr, nullptr, nullptr, true, "8"},
+                            {"1", nullptr, "16", "1", true, "8"}};
   const auto shown = [](const char* v) { return v ? v : "unset"; };
   for (const auto& k : kernels) {
-    const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all four read at every call
+    const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all five read at every call
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
     const ScopedEnv env_split("XSERV_CUDA_ATTN_SPLIT_KEYS", k.split_keys);
     const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", k.fuse_qk);
+    const ScopedEnv env_warps("XSERV_CUDA_ATTN_WARPS", k.warps);
     for (const auto& c : cases) {
       for (std::int32_t bs : {16, 5}) {
         INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << shown(k.stages) << " SPLIT_KEYS="
                                     << shown(k.split_keys) << " FUSE_QK=" << shown(k.fuse_qk)
+                                    << " WARPS=" << shown(k.warps)
                                     << (k.one_op ? " qk_attention" : " two ops") << " heads "
                                     << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
                                     << c.geom.head_dim << " rows " << c.seqs->size()
