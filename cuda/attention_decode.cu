@@ -600,10 +600,10 @@ __global__ void __launch_bounds__(Warps * 32)
     const QkTransformParams& t = params.qk;
     const bool writer = split == (n_keys - 1) / p.split_size;
     prologue_copies(true);
+    const float pos = static_cast<float>(t.positions[row]);  // batch metadata: before the wait
+    const std::int64_t slot = t.slot_mapping[row];
     grid_dependency_wait();
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
-    const float pos = static_cast<float>(t.positions[row]);
-    const std::int64_t slot = t.slot_mapping[row];
     for (int h = warp; h < group + (writer ? 2 : 0); h += Warps) {  // warp-uniform
       if (h < group) {
         transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],

@@ -23,13 +23,14 @@ constexpr int warps = 8;
 template <typename T>
 __global__ void qk_transform_store_kernel(const QkTransformParams p) {
   __shared__ float stage[warps][max_head_dim];
-  grid_dependency_wait();  // launched early (launch_pdl): qkv is the previous kernel's output
   const int row = blockIdx.x;
+  // The batch metadata (uploaded before the forward, written by no kernel) before the wait.
+  const std::int64_t slot = p.slot_mapping[row];
+  const float pos = static_cast<float>(p.positions[row]);
+  grid_dependency_wait();  // launched early (launch_pdl): qkv is the previous kernel's output
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int D = p.head_dim;
   T* qkv_row = static_cast<T*>(p.qkv) + static_cast<std::int64_t>(row) * p.qkv_stride;
-  const std::int64_t slot = p.slot_mapping[row];
-  const float pos = static_cast<float>(p.positions[row]);
   const int total = p.n_q_heads + 2 * p.n_kv_heads;
   float* s = stage[warp];
 
