@@ -32,7 +32,8 @@
 // take: split the keys over blocks here too (each block transforms q itself, the block of the
 // last split also writes k/v) and let the last block to finish merge (an atomic ticket, as
 // gemv.cu's in_out kernel does), with 16-byte K/V loads. That is now attention_decode.cu's mma
-// kernel with XSERV_CUDA_ATTN_FUSE_QK=1 (opt-in; +2% on Qwen3-0.6B at batch 1).
+// kernel with the q/k prologue folded in (the default for few rows over contexts of up to 256
+// keys, short_context_decode; XSERV_CUDA_ATTN_FUSE_QK=1 everywhere).
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
