@@ -959,6 +959,16 @@ bool use_mma() noexcept {
   return env == nullptr || std::string_view(env) != "0";
 }
 
+int device_sm_count() {
+  static const int sm_count = [] {
+    int device = 0, n = 0;
+    XSERV_CUDA_CHECK(cudaGetDevice(&device));
+    XSERV_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return std::max(n, 1);
+  }();
+  return sm_count;
+}
+
 // "Few rows": the batch's (row, kv head) pairs, one block each, fill less than half the SMs
 // (batch 1 and small batches of every Qwen3). Such launches keep the deeper ring
 // (launch_stages) and, over a short context, one split and the folded q/k prologue
@@ -988,13 +998,7 @@ int mma_stages() noexcept {
 int launch_stages(const AttentionParams& p) {
   const int forced = mma_stages();
   if (forced != 0) return forced;
-  static const int sm_count = [] {
-    int device = 0, n = 0;
-    XSERV_CUDA_CHECK(cudaGetDevice(&device));
-    XSERV_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return std::max(n, 1);
-  }();
-  return few_decode_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, sm_count) ? 3 : 2;
+  return few_decode_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, device_sm_count()) ? 3 : 2;
 }
 // XSERV_CUDA_ATTN_SPLIT_KEYS when it is set to a multiple of 16, else 0 (the rules decide).
 std::int32_t mma_split_keys_forced() noexcept {
@@ -1069,17 +1073,23 @@ void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
              static_cast<std::size_t>(smem), stream, qp);
 }
 
-// Tuning, read at every call: XSERV_CUDA_ATTN_WARPS=8 runs every mma launch with 8 warps of two
-// chunk buffers (the ring depth is then not chosen: 8 x 3 buffers would leave too little shared
-// memory for a second block anywhere).
-bool mma_wide() noexcept {
+// Warps a block of one launch: XSERV_CUDA_ATTN_WARPS=4 / 8 (read at every call) forces them;
+// otherwise short_warps where a block walks a whole row's keys (one split, few rows: the
+// short-context rule), mma_warps elsewhere. 8 warps take two chunk buffers each (the ring depth
+// is then not chosen: 8 x 3 buffers would leave too little shared memory for a second block).
+constexpr int short_warps = mma_warps;
+int launch_warps(const AttentionParams& p) {
   const char* env = std::getenv("XSERV_CUDA_ATTN_WARPS");
-  return env != nullptr && std::atoi(env) == wide_warps;
+  const int forced = env ? std::atoi(env) : 0;
+  if (forced == mma_warps || forced == wide_warps) return forced;
+  const bool whole_rows =
+      p.num_splits == 1 && few_decode_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, device_sm_count());
+  return whole_rows ? short_warps : mma_warps;
 }
 
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
-  if (mma_wide()) {
+  if (launch_warps(p.attn) == wide_warps) {
     launch_mma<D, 2, Fused, wide_warps>(stream, p);
     return;
   }
