@@ -1075,8 +1075,9 @@ void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
 
 // Warps a block of one launch: XSERV_CUDA_ATTN_WARPS=4 / 8 (read at every call) forces them;
 // otherwise short_warps where a block walks a whole row's keys (one split, few rows: the
-// short-context rule), mma_warps elsewhere. 8 warps take two chunk buffers each (the ring depth
-// is then not chosen: 8 x 3 buffers would leave too little shared memory for a second block).
+// short-context rule), mma_warps elsewhere. 8 warps take two chunk buffers each (128 KB a block
+// at head_dim 128), or three with XSERV_CUDA_ATTN_STAGES=3 (192 KB, one block an SM: every
+// chunk of a 256-key row is copied before the dependency wait).
 constexpr int short_warps = mma_warps;
 int launch_warps(const AttentionParams& p) {
   const char* env = std::getenv("XSERV_CUDA_ATTN_WARPS");
@@ -1090,7 +1091,8 @@ int launch_warps(const AttentionParams& p) {
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
   if (launch_warps(p.attn) == wide_warps) {
-    launch_mma<D, 2, Fused, wide_warps>(stream, p);
+    if (mma_stages() == 3) launch_mma<D, 3, Fused, wide_warps>(stream, p);
+    else launch_mma<D, 2, Fused, wide_warps>(stream, p);
     return;
   }
   const int stages = launch_stages(p.attn);

@@ -937,7 +937,8 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
     const char* warps = nullptr;
   };
   // nullptr: unset. stages: the per-launch choice (3 buffers for few rows, 2 for batches);
-  // split_keys and fuse_qk: the short-context rule; warps: 4 a block ("8": 8 of 2 buffers).
+  // split_keys and fuse_qk: the short-context rule; warps: 4 a block ("8": 8 of 2 buffers, of
+  // 3 with stages "3").
   const Kernel kernels[] = {{"1", nullptr, "64", "0", false},
                             {"1", "3", "64", "0", false},
                             {"1", "2", "16", "0", false},
@@ -950,7 +951,8 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
                             {"1", "4", nullptr, nullptr, true},
                             {"1", nullptr, nullptr, nullptr, false, "8"},
                             {"1", nullptr, nullptr, nullptr, true, "8"},
-                            {"1", nullptr, "16", "1", true, "8"}};
+                            {"1", nullptr, "16", "1", true, "8"},
+                            {"1", "3", nullptr, nullptr, true, "8"}};
   const auto shown = [](const char* v) { return v ? v : "unset"; };
   for (const auto& k : kernels) {
     const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all five read at every call
