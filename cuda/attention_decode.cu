@@ -481,8 +481,8 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 // after 16k tokens 961 us (2.52 TB/s) against 1937 us for the tile kernel and its merge; 186.8
 // against 159.1 tok/s. Three chunk buffers a warp and splits of at least 64 keys measured best
 // of 2/3 buffers and 16/64/256 keys.
-// Warps a block: 4 (mma_warps); 8 with two chunk buffers each (XSERV_CUDA_ATTN_WARPS=8, 128 KB
-// a block at head_dim 128) halves each warp's serial chain of chunks over the same keys.
+// Warps a block: 4 (mma_warps), or 8 with two chunk buffers each where a block walks a whole
+// short row (launch_warps): that halves each warp's serial chain of chunks over the same keys.
 constexpr int mma_warps = 4;
 constexpr int wide_warps = 8;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
@@ -971,10 +971,17 @@ int device_sm_count() {
 
 // "Few rows": the batch's (row, kv head) pairs, one block each, fill less than half the SMs
 // (batch 1 and small batches of every Qwen3). Such launches keep the deeper ring
-// (launch_stages) and, over a short context, one split and the folded q/k prologue
-// (short_context_decode).
+// (launch_stages).
 bool few_decode_rows(std::int64_t rows_x_kv_heads, int sm_count) noexcept {
   return 2 * rows_x_kv_heads < sm_count;
+}
+
+// One wave of whole rows: the pairs fit one block an SM (16 rows of Qwen3's 8 kv heads on the
+// H200's 132 SMs). Where a block walks a whole row (one split), such launches take wide_warps
+// (launch_warps), and over a short context they are the short-context rule
+// (short_context_decode).
+bool one_wave_of_rows(std::int64_t rows_x_kv_heads, int sm_count) noexcept {
+  return rows_x_kv_heads <= sm_count;
 }
 
 // Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4; unset: 0,
@@ -1073,19 +1080,23 @@ void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
              static_cast<std::size_t>(smem), stream, qp);
 }
 
-// Warps a block of one launch: XSERV_CUDA_ATTN_WARPS=4 / 8 (read at every call) forces them;
-// otherwise short_warps where a block walks a whole row's keys (one split, few rows: the
-// short-context rule), mma_warps elsewhere. 8 warps take two chunk buffers each (128 KB a block
-// at head_dim 128), or three with XSERV_CUDA_ATTN_STAGES=3 (192 KB, one block an SM: every
-// chunk of a 256-key row is copied before the dependency wait).
-constexpr int short_warps = mma_warps;
+// Warps a block of one launch: XSERV_CUDA_ATTN_WARPS=4 / 8 (read at every call) forces them.
+// Otherwise a launch whose blocks each walk a whole row's keys (one split) and fit one wave
+// (one_wave_of_rows: the short-context rule's launches) takes wide_warps, the rest mma_warps.
+// At a few hundred keys a block's time is its warps' serial chains of chunks (each chunk's
+// dependent ldmatrix/mma/softmax steps, and a copy round trip per chunk past the ring), and
+// nothing else runs on its SM: 8 warps halve the chains. Measured (H200, 2026-12-02,
+// docs/benchmarks.md): batch-1 decode 1210 -> 1302 / 1286 tok/s on Qwen3-0.6B and 694 -> 746 /
+// 744 on 1.7B at 128 + 128 (4 -> 8 warps, both with one split and the folded prologue).
+// 8 warps take two chunk buffers each (128 KB a block at head_dim 128), three with
+// XSERV_CUDA_ATTN_STAGES=3 (192 KB: every chunk of a 256-key row is copied before the wait).
 int launch_warps(const AttentionParams& p) {
   const char* env = std::getenv("XSERV_CUDA_ATTN_WARPS");
   const int forced = env ? std::atoi(env) : 0;
   if (forced == mma_warps || forced == wide_warps) return forced;
   const bool whole_rows =
-      p.num_splits == 1 && few_decode_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, device_sm_count());
-  return whole_rows ? short_warps : mma_warps;
+      p.num_splits == 1 && one_wave_of_rows(static_cast<std::int64_t>(p.num_tokens) * p.n_kv_heads, device_sm_count());
+  return whole_rows ? wide_warps : mma_warps;
 }
 
 template <int D, bool Fused>
@@ -1177,7 +1188,7 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
 }
 
 bool short_context_decode(std::int64_t rows_x_kv_heads, std::int32_t context_bucket, int sm_count) noexcept {
-  return context_bucket <= short_context_keys && few_decode_rows(rows_x_kv_heads, sm_count);
+  return context_bucket <= short_context_keys && one_wave_of_rows(rows_x_kv_heads, sm_count);
 }
 
 bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,

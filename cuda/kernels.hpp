@@ -203,14 +203,16 @@ struct AttentionSplit {
 AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_t group,
                                     std::int64_t rows_x_kv_heads, std::int32_t context_bucket,
                                     int sm_count);
-// The mma decode kernel's short-context rule: a decode launch whose (row, kv head) pairs fill
-// less than half the SMs, over a context bucket of at most short_context_keys keys, takes one
-// split per pair (no partials, no merge) and, through qk_attention, the q/k prologue folded into
-// the attention (qk_attention_mma_supported). At a few hundred keys a block's four warps stream
-// a row's keys in a few chunks each, so the merge's round trips cost more than the extra blocks
-// gain; past that bucket the splits win (a 256-key split lost 8% after 1000 tokens), and with
-// many rows the folded prologue lost (128 rows, serving). XSERV_CUDA_ATTN_SPLIT_KEYS and
-// XSERV_CUDA_ATTN_FUSE_QK, when set, override it. Measured: docs/benchmarks.md.
+// The mma decode kernel's short-context rule: a decode launch whose (row, kv head) pairs fit one
+// wave of one block an SM (16 rows of Qwen3's 8 kv heads on the H200's 132 SMs), over a context bucket
+// of at most short_context_keys keys, takes one split per pair (no partials, no merge), 8 warps
+// a block, and, through qk_attention, the q/k prologue folded into the attention
+// (qk_attention_mma_supported). At a few hundred keys the merge's round trips cost more than the
+// extra blocks gain and 8 warps walk a row in two chunks each; past that bucket the splits win
+// (a 256-key split lost 8% after 1000 tokens; the folded prologue alone gained nothing there),
+// and at 128 rows the folded prologue lost (serving). XSERV_CUDA_ATTN_SPLIT_KEYS,
+// XSERV_CUDA_ATTN_FUSE_QK and XSERV_CUDA_ATTN_WARPS, when set, override it. Measured:
+// docs/benchmarks.md, "Short-context decode attention".
 constexpr std::int32_t short_context_keys = 256;
 bool short_context_decode(std::int64_t rows_x_kv_heads, std::int32_t context_bucket, int sm_count) noexcept;
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept;

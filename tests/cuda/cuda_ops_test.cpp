@@ -900,11 +900,12 @@ TEST_CASE("cuda f32 prefill attention: ragged batches and cached prefixes agains
 // heads); one 16500-key row over 2 kv heads (256 splits merged by
 // the last block); GQA 1, 2, 4, 5, 8; head_dim 64 and 128; cache blocks of 16 and 5 keys (a
 // chunk straddles blocks); and the mma kernel with the q/k prologue folded in
-// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention); 8 warps a block (XSERV_CUDA_ATTN_WARPS=8)
-// with and without splits merged. The defaults (split size and FUSE_QK
-// unset) run every case through both ops: few rows over a context bucket of at most 256 keys
-// (the `short_rows` batches and single rows of 1-256 keys) take one split and, through
-// qk_attention, the folded prologue (short_context_decode), the other cases the split kernels.
+// (XSERV_CUDA_ATTN_FUSE_QK=1, through qk_attention); 8 warps a block with splits merged. The
+// defaults (split size, FUSE_QK and WARPS unset) run the cases up to 1000 keys through both ops:
+// rows that fit one wave over a context bucket of at most 256 keys (the `short_rows` and
+// `wave_rows` batches, single rows of 1-256 keys) take one split of 8 warps and, through
+// qk_attention, the folded prologue (short_context_decode), the other cases the split kernels;
+// then the short path with 3 chunk buffers a warp, and with 4 warps (XSERV_CUDA_ATTN_WARPS=4).
 TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed lengths", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -916,10 +917,13 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   for (std::int32_t i = 0; i < 40; ++i) many.emplace_back(1, 1 + (i * 37) % 300);
   const Seqs mid = {{1, 4097}, {1, 2000}};
   const Seqs one_long = {{1, 16500}};
-  // Few rows over short contexts (8 kv heads x 6 rows: 48 blocks, under half of any H100/H200's
-  // SMs): a row's keys in one to four chunks per warp, the own key at a chunk's first and last
-  // place, and a row exactly at the 256-key bucket.
+  // Few rows over short contexts (8 kv heads x 6 rows: 48 blocks, one wave on any H100/H200): a
+  // row's keys in one or two chunks per warp (8 warps; up to four with 4), the own key at a
+  // chunk's first and last place, and a row exactly at the 256-key bucket; 16 rows (128 blocks:
+  // one wave of the H200's 132 SMs).
   const Seqs short_rows = {{1, 1}, {1, 16}, {1, 17}, {1, 64}, {1, 129}, {1, 256}};
+  Seqs wave_rows;
+  for (std::int32_t i = 0; i < 16; ++i) wave_rows.emplace_back(1, 1 + (i * 53) % 256);
   const Seqs one_short = {{1, 200}};
   const Seqs one_full = {{1, 256}};
   struct Case {
@@ -930,15 +934,16 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
                         {{12, 12, 64}, &edges},      {{40, 8, 128}, &mid},       {{16, 2, 64}, &mid},
                         {{16, 8, 128}, &many},       {{8, 1, 128}, &many},       {{8, 2, 128}, &one_long},
                         {{16, 8, 128}, &short_rows}, {{40, 8, 128}, &short_rows}, {{8, 1, 64}, &short_rows},
-                        {{16, 8, 128}, &one_short},  {{32, 8, 128}, &one_full},  {{12, 12, 64}, &one_short}};
+                        {{16, 8, 128}, &one_short},  {{32, 8, 128}, &one_full},  {{12, 12, 64}, &one_short},
+                        {{16, 8, 128}, &wave_rows}};
   struct Kernel {
     const char *mma, *stages, *split_keys, *fuse_qk;
     bool one_op;  // through qk_attention (the fused kernel where it is chosen), else the two ops
     const char* warps = nullptr;
   };
-  // nullptr: unset. stages: the per-launch choice (3 buffers for few rows, 2 for batches);
-  // split_keys and fuse_qk: the short-context rule; warps: 4 a block ("8": 8 of 2 buffers, of
-  // 3 with stages "3").
+  // nullptr: unset. stages: the per-launch choice (3 buffers a warp for few rows, 2 for batches
+  // and for 8 warps); split_keys, fuse_qk and warps: the short-context rule (warps "8": 8 a
+  // block wherever, with 3 buffers when stages is "3").
   const Kernel kernels[] = {{"1", nullptr, "64", "0", false},
                             {"1", "3", "64", "0", false},
                             {"1", "2", "16", "0", false},
@@ -946,21 +951,22 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
                             {"0", "3", "64", "0", false},
                             {"1", nullptr, "64", "1", true},
                             {"1", "2", "16", "1", true},
+                            {"1", nullptr, "16", "1", true, "8"},
                             {"1", nullptr, nullptr, nullptr, false},
                             {"1", nullptr, nullptr, nullptr, true},
-                            {"1", "4", nullptr, nullptr, true},
-                            {"1", nullptr, nullptr, nullptr, false, "8"},
-                            {"1", nullptr, nullptr, nullptr, true, "8"},
-                            {"1", nullptr, "16", "1", true, "8"},
-                            {"1", "3", nullptr, nullptr, true, "8"}};
+                            {"1", "3", nullptr, nullptr, true},
+                            {"1", nullptr, nullptr, nullptr, true, "4"}};
   const auto shown = [](const char* v) { return v ? v : "unset"; };
   for (const auto& k : kernels) {
+    // The rules change nothing past 1000 keys: the long cases run with the forced kernels only.
+    const bool rules = k.split_keys == nullptr;
     const ScopedEnv env_mma("XSERV_CUDA_ATTN_MMA", k.mma);  // all five read at every call
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", k.stages);
     const ScopedEnv env_split("XSERV_CUDA_ATTN_SPLIT_KEYS", k.split_keys);
     const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", k.fuse_qk);
     const ScopedEnv env_warps("XSERV_CUDA_ATTN_WARPS", k.warps);
     for (const auto& c : cases) {
+      if (rules && (c.seqs == &mid || c.seqs == &one_long)) continue;
       for (std::int32_t bs : {16, 5}) {
         INFO("XSERV_CUDA_ATTN_MMA=" << k.mma << " STAGES=" << shown(k.stages) << " SPLIT_KEYS="
                                     << shown(k.split_keys) << " FUSE_QK=" << shown(k.fuse_qk)
