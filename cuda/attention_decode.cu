@@ -9,7 +9,8 @@
 // each block writes an unnormalised partial (max, sum, acc) and they are combined (by the last
 // block of the mma kernel, by attention_merge otherwise), so long contexts spread over many SMs
 // even at batch 1 (attention_rows_split sizes them).
-// Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads:
+// Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads (the mma kernel:
+// 256 on the short-context rule's launches, launch_warps):
 // - attention_decode_mma_kernel (bf16, head_dim 64 or 128: every Qwen3; the default): tensor-core
 //   scores and P.V, each warp streaming its own 16-key chunks through a cp.async ring, splits
 //   merged in-kernel; optionally with the q/k prologue folded in. Described at the kernel.
@@ -462,12 +463,13 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 //   holds head l / 4's scores of keys 2(l%4) + {0, 1, 8, 9}: the chunk max is two shuffles;
 // - P V: the two 8-key score tiles, rounded to bf16 pairs, are the A fragment as they lie;
 //   ldmatrix.x4.trans of V rows gives B.
-// Warps are independent: warp w takes chunks w, w + 4, ... of the block's keys, each with its
+// Warps are independent: warp w takes chunks w, w + W, ... of the block's keys (W = 4 warps, 8
+// where a block walks a whole short row: launch_warps), each with its
 // own ring of `Stages` chunk buffers filled by cp.async (one 64-bit slot offset per key looked
 // up a chunk ahead by lane key % 16 and broadcast by shuffles), so the loop has no block
 // barrier and (Stages - 1) x 8 KB per warp are in flight while a chunk is used. Keys past the
 // split are zero-filled (V must not hold stale NaNs: 0 x NaN is NaN) and masked to -inf.
-// The four warps' (m, l, O) combine once through shared memory at the end.
+// The warps' (m, l, O) combine once through shared memory at the end.
 // Split-KV without a merge kernel: a row's `active` splits are those holding any of its keys
 // (blocks past them return at once). With one, its block writes the output; otherwise each
 // writes its partial (O, m, l in base-2 units) and takes a ticket (an atomic per (row, kv
