@@ -240,6 +240,10 @@ class CudaBackend final : public Backend {
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
   // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
   std::int64_t skinny_rows_ = default_skinny_gemm_rows;
+  // XSERV_CUDA_SKINNY_FUSE=0: rms_norm_gemm at skinny rows runs the norm, the skinny GEMM and
+  // swiglu as separate kernels instead of one (for comparisons).
+  bool fuse_skinny_norm_ = true;
+  Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
@@ -279,6 +283,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) fuse_skinny_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -298,6 +303,7 @@ CudaBackend::~CudaBackend() {
   attention_tickets_ = Buffer();
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
+  skinny_norm_scratch_ = Buffer();
   sample_device_ = Buffer();
   sample_candidates_ = Buffer();
   sample_select_ = Buffer();
@@ -638,6 +644,19 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
       norm_gemv_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data)) {
     launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu,
                      x.shape[0], out.shape[1], x.shape[1], sm_count_);
+    return;
+  }
+  // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
+  if (shapes_ok && dtypes_ok && fuse_skinny_norm_ &&
+      skinny_norm_gemm_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data,
+                                 skinny_rows_)) {
+    const std::size_t bytes = skinny_norm_scratch_bytes(x.shape[1]);
+    if (skinny_norm_scratch_.size() < bytes) {
+      ensure_scratch(skinny_norm_scratch_, bytes);
+      XSERV_CUDA_CHECK(cudaMemsetAsync(skinny_norm_scratch_.data(), 0, skinny_norm_scratch_.size(), stream_));
+    }
+    launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, x.shape[0],
+                            w.shape[0], x.shape[1], sm_count_, skinny_norm_scratch_.data());
     return;
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
