@@ -240,9 +240,10 @@ class CudaBackend final : public Backend {
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
   // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
   std::int64_t skinny_rows_ = default_skinny_gemm_rows;
-  // XSERV_CUDA_SKINNY_FUSE=0: rms_norm_gemm at skinny rows runs the norm, the skinny GEMM and
-  // swiglu as separate kernels instead of one (for comparisons).
-  bool fuse_skinny_norm_ = true;
+  // What rms_norm_gemm at skinny rows folds into the skinny GEMM: bit 1 the RMSNorm, bit 2 the
+  // SwiGLU. XSERV_CUDA_SKINNY_FUSE=0 runs the norm, the skinny GEMM and swiglu as separate kernels
+  // (for comparisons), 1 or 2 one of the two fusions alone.
+  int skinny_fuse_ = 3;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
@@ -283,7 +284,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
-  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) fuse_skinny_norm_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -647,16 +648,33 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
     return;
   }
   // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
-  if (shapes_ok && dtypes_ok && fuse_skinny_norm_ &&
-      skinny_norm_gemm_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data,
-                                 skinny_rows_)) {
-    const std::size_t bytes = skinny_norm_scratch_bytes(x.shape[1]);
+  const std::int64_t m = shapes_ok ? x.shape[0] : 0, k = shapes_ok ? x.shape[1] : 0, rows = shapes_ok ? w.shape[0] : 0;
+  const bool fuse_norm = (skinny_fuse_ & 1) != 0, fuse_swiglu = swiglu && (skinny_fuse_ & 2) != 0;
+  // The partial fusions (for comparisons) keep an intermediate in the caller's scratch.
+  const bool scratch_ok = (!swiglu || fuse_swiglu) ? (fuse_norm || h_scratch.shape == x.shape)
+                                                 : y_scratch.shape == Shape{m, rows} && y_scratch.dtype == dt;
+  if (shapes_ok && dtypes_ok && scratch_ok && fuse_norm &&
+      skinny_norm_gemm_supported(dt, m, rows, k, x.data, norm_weight.data, w.data, skinny_rows_)) {
+    const std::size_t bytes = skinny_norm_scratch_bytes(k);
     if (skinny_norm_scratch_.size() < bytes) {
       ensure_scratch(skinny_norm_scratch_, bytes);
       XSERV_CUDA_CHECK(cudaMemsetAsync(skinny_norm_scratch_.data(), 0, skinny_norm_scratch_.size(), stream_));
     }
-    launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, x.shape[0],
-                            w.shape[0], x.shape[1], sm_count_, skinny_norm_scratch_.data());
+    if (swiglu && !fuse_swiglu) {  // XSERV_CUDA_SKINNY_FUSE=1: the norm alone
+      launch_skinny_norm_gemm(stream_, y_scratch.data, x.data, norm_weight.data, eps, w.data, false, m, rows, k,
+                              sm_count_, skinny_norm_scratch_.data());
+      this->swiglu(out, y_scratch);
+      return;
+    }
+    launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, rows, k,
+                            sm_count_, skinny_norm_scratch_.data());
+    return;
+  }
+  if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&
+      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_rows_)) {  // =2: SwiGLU alone
+    rms_norm(h_scratch, x, {}, norm_weight, eps);
+    launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
+                            nullptr);
     return;
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.

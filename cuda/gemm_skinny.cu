@@ -386,7 +386,8 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
   p.counters = static_cast<unsigned*>(scratch);
   p.stats = reinterpret_cast<float*>(static_cast<char*>(scratch) + 64);
   p.chunks = stat_chunks(k);
-  if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);
+  if (!norm_weight) launch_typed<bf16, false, true>(stream, p, sm_count);  // x already normalised
+  else if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);
   else launch_typed<bf16, true, false>(stream, p, sm_count);
   XSERV_CUDA_LAUNCH_CHECK();
 }

@@ -335,14 +335,19 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
           "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   // Every row count the skinny kernel supports (the default stops at 16), read at construction;
-  // `unfused` runs the norm, skinny GEMM and swiglu kernels apart (the roundings the fused kernel
-  // keeps), `be` the one fused kernel.
+  // `be` runs the one fused kernel.
   const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
   GpuCpu be;
-  std::unique_ptr<Backend> unfused;
+  // `unfused` runs the norm, skinny GEMM and swiglu kernels apart (the roundings the fused kernel
+  // keeps); `one[0]` folds in the norm alone, `one[1]` the SwiGLU alone.
+  std::unique_ptr<Backend> unfused, one[2];
   {
     const ScopedEnv off("XSERV_CUDA_SKINNY_FUSE", "0");
     unfused = cuda::make_cuda_backend(BackendOptions{});
+  }
+  for (int i = 0; i < 2; ++i) {
+    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "1" : "2");
+    one[i] = cuda::make_cuda_backend(BackendOptions{});
   }
   std::mt19937 rng(37);
   struct Case {
@@ -392,9 +397,22 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
       // Same roundings and the same GEMM sum order as the separate kernels; only the order of the
       // sum of squares differs (chunks, not the norm kernel's block sum), which can move rstd by
       // an ulp and so a rare normalised value.
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < separate.size(); ++i) same += fused[0][i] == separate[i];
-      CHECK(static_cast<double>(same) >= 0.9 * static_cast<double>(separate.size()));
+      const auto check_same = [&](const std::vector<float>& got) {
+        std::size_t same = 0;
+        for (std::size_t i = 0; i < separate.size(); ++i) same += got[i] == separate[i];
+        CHECK(static_cast<double>(same) >= 0.9 * static_cast<double>(separate.size()));
+      };
+      check_same(fused[0]);
+      for (auto& b : one) {
+        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
+        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+        be.gpu->synchronize();
+        b->rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
+        b->synchronize();
+        const std::vector<float> got = be.read(pout);
+        require_close(got, want, 2.5e-2, 2e-2);
+        check_same(got);
+      }
     }
   }
 }
