@@ -244,6 +244,10 @@ class CudaBackend final : public Backend {
   // SwiGLU. XSERV_CUDA_SKINNY_FUSE=0 runs the norm, the skinny GEMM and swiglu as separate kernels
   // (for comparisons), 1 or 2 one of the two fusions alone.
   int skinny_fuse_ = 3;
+  // Rows up to which rms_norm_gemm takes the fused skinny kernel: XSERV_CUDA_SKINNY_FUSE_ROWS (at
+  // most 32), by default the plain skinny GEMM's limit. The fusion saves two or three kernels, so
+  // it can pay at rows where the plain skinny GEMM loses to cuBLASLt.
+  std::int64_t skinny_fuse_rows_ = -1;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
@@ -285,6 +289,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
+  if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -654,7 +660,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
   const bool scratch_ok = (!swiglu || fuse_swiglu) ? (fuse_norm || h_scratch.shape == x.shape)
                                                  : y_scratch.shape == Shape{m, rows} && y_scratch.dtype == dt;
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_norm &&
-      skinny_norm_gemm_supported(dt, m, rows, k, x.data, norm_weight.data, w.data, skinny_rows_)) {
+      skinny_norm_gemm_supported(dt, m, rows, k, x.data, norm_weight.data, w.data, skinny_fuse_rows_)) {
     const std::size_t bytes = skinny_norm_scratch_bytes(k);
     if (skinny_norm_scratch_.size() < bytes) {
       ensure_scratch(skinny_norm_scratch_, bytes);
@@ -671,7 +677,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
     return;
   }
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&
-      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_rows_)) {  // =2: SwiGLU alone
+      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_fuse_rows_)) {  // =2: SwiGLU alone
     rms_norm(h_scratch, x, {}, norm_weight, eps);
     launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
                             nullptr);
