@@ -248,6 +248,9 @@ class CudaBackend final : public Backend {
   // most 32), by default the plain skinny GEMM's limit. The fusion saves two or three kernels, so
   // it can pay at rows where the plain skinny GEMM loses to cuBLASLt.
   std::int64_t skinny_fuse_rows_ = -1;
+  // XSERV_CUDA_SKINNY_STATS=block: every block of the fused kernel computes the row statistics
+  // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
+  bool skinny_block_stats_ = false;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
@@ -291,6 +294,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
   if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -662,18 +666,19 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_norm &&
       skinny_norm_gemm_supported(dt, m, rows, k, x.data, norm_weight.data, w.data, skinny_fuse_rows_)) {
     const std::size_t bytes = skinny_norm_scratch_bytes(k);
-    if (skinny_norm_scratch_.size() < bytes) {
+    if (!skinny_block_stats_ && skinny_norm_scratch_.size() < bytes) {
       ensure_scratch(skinny_norm_scratch_, bytes);
       XSERV_CUDA_CHECK(cudaMemsetAsync(skinny_norm_scratch_.data(), 0, skinny_norm_scratch_.size(), stream_));
     }
+    void* stats = skinny_block_stats_ ? nullptr : skinny_norm_scratch_.data();
     if (swiglu && !fuse_swiglu) {  // XSERV_CUDA_SKINNY_FUSE=1: the norm alone
       launch_skinny_norm_gemm(stream_, y_scratch.data, x.data, norm_weight.data, eps, w.data, false, m, rows, k,
-                              sm_count_, skinny_norm_scratch_.data());
+                              sm_count_, stats);
       this->swiglu(out, y_scratch);
       return;
     }
     launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, rows, k,
-                            sm_count_, skinny_norm_scratch_.data());
+                            sm_count_, stats);
     return;
   }
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&

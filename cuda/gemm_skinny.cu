@@ -102,6 +102,28 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // The Norm prologue (see the file head): returns once s_rstd[0..m) holds every row's rstd.
 __device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticket) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (!p.counters) {
+    // XSERV_CUDA_SKINNY_STATS=block (for comparisons): every block reads all of x itself, a warp
+    // per row, no counters (m * k * 2 bytes more L2 traffic per block).
+    for (int m = warp; m < p.m; m += warps) {
+      const bf16* row = p.a + static_cast<std::int64_t>(m) * p.k;
+      float ss = 0.0f;
+#pragma unroll 4
+      for (int i = lane * 8; i < p.k; i += 256) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + i));
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          ss += f.x * f.x + f.y * f.y;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) s_rstd[m] = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
+    }
+    __syncthreads();
+    return;
+  }
   if (threadIdx.x == 0) *s_ticket = atomicAdd(&p.counters[0], 1u);
   __syncthreads();
   const unsigned ticket = *s_ticket;
@@ -383,8 +405,10 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
                  0.0f, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
   p.norm_w = static_cast<const bf16*>(norm_weight);
   p.eps = eps;
-  p.counters = static_cast<unsigned*>(scratch);
-  p.stats = reinterpret_cast<float*>(static_cast<char*>(scratch) + 64);
+  if (scratch) {  // null: every block computes the statistics itself
+    p.counters = static_cast<unsigned*>(scratch);
+    p.stats = reinterpret_cast<float*>(static_cast<char*>(scratch) + 64);
+  }
   p.chunks = stat_chunks(k);
   if (!norm_weight) launch_typed<bf16, false, true>(stream, p, sm_count);  // x already normalised
   else if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);

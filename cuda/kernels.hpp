@@ -102,7 +102,9 @@ void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64
 // zeroed before its first use and left zeroed by every launch (the row statistics, gemm_skinny.cu
 // says how); launches on one stream may share it. Needs what skinny_gemm_supported needs, a
 // 16-byte aligned norm weight and n / 32 >= k / 256 (rounded up). A null norm_weight (swiglu
-// only) takes x as already normalised: the GEMM with the SwiGLU epilogue alone, no scratch.
+// only) takes x as already normalised: the GEMM with the SwiGLU epilogue alone, no scratch. A
+// null scratch with a norm weight: every block computes the row statistics itself (for
+// comparisons, XSERV_CUDA_SKINNY_STATS=block).
 bool skinny_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* x,
                                 const void* norm_weight, const void* w, std::int64_t max_rows) noexcept;
 std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept;

@@ -339,14 +339,16 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
   const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
   GpuCpu be;
   // `unfused` runs the norm, skinny GEMM and swiglu kernels apart (the roundings the fused kernel
-  // keeps); `one[0]` folds in the norm alone, `one[1]` the SwiGLU alone.
-  std::unique_ptr<Backend> unfused, one[2];
+  // keeps); `one[0]` folds in the norm alone, `one[1]` the SwiGLU alone, `one[2]` both with the
+  // row statistics computed in every block.
+  std::unique_ptr<Backend> unfused, one[3];
   {
     const ScopedEnv off("XSERV_CUDA_SKINNY_FUSE", "0");
     unfused = cuda::make_cuda_backend(BackendOptions{});
   }
-  for (int i = 0; i < 2; ++i) {
-    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "1" : "2");
+  for (int i = 0; i < 3; ++i) {
+    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "1" : i == 1 ? "2" : "3");
+    const ScopedEnv stats("XSERV_CUDA_SKINNY_STATS", i == 2 ? "block" : nullptr);
     one[i] = cuda::make_cuda_backend(BackendOptions{});
   }
   std::mt19937 rng(37);
