@@ -240,10 +240,13 @@ class CudaBackend final : public Backend {
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
   // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
   std::int64_t skinny_rows_ = default_skinny_gemm_rows;
-  // What rms_norm_gemm at skinny rows folds into the skinny GEMM: bit 1 the RMSNorm, bit 2 the
-  // SwiGLU. XSERV_CUDA_SKINNY_FUSE=0 runs the norm, the skinny GEMM and swiglu as separate kernels
-  // (for comparisons), 1 or 2 one of the two fusions alone.
-  int skinny_fuse_ = 3;
+  // What rms_norm_gemm at skinny rows folds into the skinny GEMM (XSERV_CUDA_SKINNY_FUSE, bits):
+  // 1 the RMSNorm where there is no SwiGLU (q|k|v), 2 the SwiGLU epilogue (gate|up), 4 the RMSNorm
+  // where there is (gate|up). Default 2: on the H200 the SwiGLU epilogue made a 16-row Qwen3-1.7B
+  // step 5% faster, and the norm prologue made it slower (each block normalises every row again:
+  // blocks x rows x K conversions, 384-768 blocks for gate|up; docs/benchmarks.md). 0: the
+  // separate norm, skinny GEMM and swiglu kernels (for comparisons).
+  int skinny_fuse_ = 2;
   // Rows up to which rms_norm_gemm takes the fused skinny kernel: XSERV_CUDA_SKINNY_FUSE_ROWS (at
   // most 32), by default the plain skinny GEMM's limit. The fusion saves two or three kernels, so
   // it can pay at rows where the plain skinny GEMM loses to cuBLASLt.
@@ -659,7 +662,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
   }
   // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
   const std::int64_t m = shapes_ok ? x.shape[0] : 0, k = shapes_ok ? x.shape[1] : 0, rows = shapes_ok ? w.shape[0] : 0;
-  const bool fuse_norm = (skinny_fuse_ & 1) != 0, fuse_swiglu = swiglu && (skinny_fuse_ & 2) != 0;
+  const bool fuse_norm = (skinny_fuse_ & (swiglu ? 4 : 1)) != 0, fuse_swiglu = swiglu && (skinny_fuse_ & 2) != 0;
   // The partial fusions (for comparisons) keep an intermediate in the caller's scratch.
   const bool scratch_ok = (!swiglu || fuse_swiglu) ? (fuse_norm || h_scratch.shape == x.shape)
                                                  : y_scratch.shape == Shape{m, rows} && y_scratch.dtype == dt;
@@ -671,7 +674,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
       XSERV_CUDA_CHECK(cudaMemsetAsync(skinny_norm_scratch_.data(), 0, skinny_norm_scratch_.size(), stream_));
     }
     void* stats = skinny_block_stats_ ? nullptr : skinny_norm_scratch_.data();
-    if (swiglu && !fuse_swiglu) {  // XSERV_CUDA_SKINNY_FUSE=1: the norm alone
+    if (swiglu && !fuse_swiglu) {  // XSERV_CUDA_SKINNY_FUSE=4: the norm alone
       launch_skinny_norm_gemm(stream_, y_scratch.data, x.data, norm_weight.data, eps, w.data, false, m, rows, k,
                               sm_count_, stats);
       this->swiglu(out, y_scratch);
@@ -682,7 +685,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
     return;
   }
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&
-      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_fuse_rows_)) {  // =2: SwiGLU alone
+      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_fuse_rows_)) {  // the SwiGLU alone
     rms_norm(h_scratch, x, {}, norm_weight, eps);
     launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
                             nullptr);

@@ -335,19 +335,24 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
           "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   // Every row count the skinny kernel supports (the default stops at 16), read at construction;
-  // `be` runs the one fused kernel.
+  // `be` runs the one fused kernel (norm prologue and SwiGLU epilogue).
   const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
-  GpuCpu be;
+  std::unique_ptr<GpuCpu> both;  // every fusion on (the default has the SwiGLU alone)
+  {
+    const ScopedEnv all("XSERV_CUDA_SKINNY_FUSE", "7");
+    both = std::make_unique<GpuCpu>();
+  }
+  GpuCpu& be = *both;
   // `unfused` runs the norm, skinny GEMM and swiglu kernels apart (the roundings the fused kernel
-  // keeps); `one[0]` folds in the norm alone, `one[1]` the SwiGLU alone, `one[2]` both with the
-  // row statistics computed in every block.
+  // keeps); `one[0]` folds in the norms alone, `one[1]` the SwiGLU alone (the default), `one[2]`
+  // both with the row statistics computed in every block.
   std::unique_ptr<Backend> unfused, one[3];
   {
     const ScopedEnv off("XSERV_CUDA_SKINNY_FUSE", "0");
     unfused = cuda::make_cuda_backend(BackendOptions{});
   }
   for (int i = 0; i < 3; ++i) {
-    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "1" : i == 1 ? "2" : "3");
+    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "5" : i == 1 ? nullptr : "7");
     const ScopedEnv stats("XSERV_CUDA_SKINNY_STATS", i == 2 ? "block" : nullptr);
     one[i] = cuda::make_cuda_backend(BackendOptions{});
   }
@@ -358,7 +363,7 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
   // One to four 8-row tiles, partial tiles; K of whole and partial 256-wide statistics chunks
   // (2112: 9 chunks, the last 64 wide) and as many chunks as blocks (4096 with n = 512: 16).
   const Case cases[] = {{5, 1024, 512}, {8, 2048, 1024}, {16, 2112, 320}, {17, 4096, 512},
-                        {31, 1024, 96}, {32, 2048, 768}};
+                        {31, 1024, 128}, {32, 2048, 768}};
   const DType dt = DType::bf16;
   for (const auto& c : cases) {
     for (bool swiglu : {false, true}) {
