@@ -48,6 +48,8 @@
 //   rows 16b.. and up rows n + 16b.., so the block writes out[:, 16b + r] = silu(y_g) * y_u with
 //   the swiglu kernel's roundings (y rounded to bf16, silu rounded, product rounded).
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -182,7 +184,21 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 
 // Launch: grid (N / 32), warps * 32 threads, warps * MT * 8 * smem_stride floats of shared memory.
 // Norm and Swiglu: the fused decode block (file head); OutT is bf16 then.
-template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
+// This lane's activation fragments of K step `step` (zero past the rows).
+template <int MT>
+__device__ __forceinline__ void load_act(uint4 (&dst)[MT][2], const bf16* const (&ap)[MT], const bool (&a_ok)[MT],
+                                         int step) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      dst[t][c] = a_ok[t] ? __ldg(reinterpret_cast<const uint4*>(ap[t] + step * k_step + c * 32))
+                          : make_uint4(0, 0, 0, 0);
+}
+
+// Ahead: the activation fragments are loaded a step ahead too, like the weights (their L2
+// latency off each step's path; 8 * MT registers more).
+template <int MT, typename OutT, bool Norm = false, bool Swiglu = false, bool Ahead = false>
 __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const SkinnyParams p) {
   extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
   __shared__ float s_rstd[Norm ? stat_rows : 1];
@@ -235,6 +251,10 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 #pragma unroll
     for (int t = 0; t < MT; ++t) rstd[t] = a_ok[t] ? s_rstd[t * 8 + g] : 0.0f;
   }
+  [[maybe_unused]] uint4 a_next[Ahead ? MT : 1][2];
+  if constexpr (Ahead) {
+    if (s < steps) load_act<MT>(a_next, ap, a_ok, s);
+  }
   for (; s < steps; s += warps) {
     uint4 wv[4][2];
 #pragma unroll
@@ -248,12 +268,15 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
         for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wrow[r] + (s + warps) * k_step + c * 32);
     }
     uint4 av[MT][2];
+    if constexpr (Ahead) {
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+      for (int t = 0; t < MT; ++t)
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        av[t][c] = a_ok[t] ? __ldg(reinterpret_cast<const uint4*>(ap[t] + s * k_step + c * 32))
-                           : make_uint4(0, 0, 0, 0);
+        for (int c = 0; c < 2; ++c) av[t][c] = a_next[t][c];
+      if (s + warps < steps) load_act<MT>(a_next, ap, a_ok, s + warps);
+    } else {
+      load_act<MT>(av, ap, a_ok, s);
+    }
     if constexpr (Norm) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -326,10 +349,10 @@ std::size_t smem_bytes(int warps) {
 
 // Warps of this kernel one SM holds (registers bound it), and the opt-in to more than 48 KB of
 // dynamic shared memory for 16-warp blocks of 32 rows.
-template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
+template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
 int warps_per_sm() {
   static const int warps = [] {
-    const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu>;
+    const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_bytes<MT>(max_warps))));
     int blocks = 0;
@@ -348,12 +371,25 @@ int warps_for(int slabs, int steps, int per_sm, int sm_count) {
   return w;
 }
 
+template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
+void launch_mt_ahead(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+  const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, Ahead>();
+  const int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
+  launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>, dim3(static_cast<unsigned>(p.n / slab_rows)),
+             dim3(warps * 32), smem_bytes<MT>(warps), stream, p);
+}
+
+// XSERV_CUDA_SKINNY_ACT_AHEAD=1 (read at every launch, for comparisons): the activation
+// fragments loaded a step ahead too.
+bool act_ahead() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_ACT_AHEAD");
+  return env && std::string_view(env) == "1";
+}
+
 template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
 void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
-  const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu>();
-  const int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
-  launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu>, dim3(static_cast<unsigned>(p.n / slab_rows)),
-             dim3(warps * 32), smem_bytes<MT>(warps), stream, p);
+  if (act_ahead()) launch_mt_ahead<MT, OutT, Norm, Swiglu, true>(stream, p, sm_count);
+  else launch_mt_ahead<MT, OutT, Norm, Swiglu, false>(stream, p, sm_count);
 }
 
 template <typename OutT, bool Norm = false, bool Swiglu = false>
