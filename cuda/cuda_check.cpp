@@ -1,7 +1,6 @@
 #include "cuda/cuda_check.hpp"
 
 #include <cstdlib>
-#include <limits>
 #include <string_view>
 
 #include "core/error.hpp"
@@ -34,7 +33,7 @@ bool pdl_enabled() noexcept {
 std::int64_t pdl_gemv_max_bytes() noexcept {
   static const std::int64_t bytes = [] {
     const char* env = std::getenv("XSERV_CUDA_PDL_GEMV_MB");
-    return env != nullptr ? std::int64_t{std::atoi(env)} << 20 : std::numeric_limits<std::int64_t>::max();
+    return std::int64_t{env != nullptr ? std::atoi(env) : 32} << 20;
   }();
   return bytes;
 }

@@ -330,6 +330,140 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   }
 }
 
+// ---- One-row GEMV on bulk copies (bf16 by default; XSERV_CUDA_GEMV_BULK=0|1) ------------------
+// The register kernel above keeps U x 16 bytes a lane in flight, so a weight of a few tens of MB
+// is streamed in a few dependent round trips per warp, each paying the full DRAM latency, and
+// only its first batch can go out before grid_dependency_wait. Here every warp owns a ring of
+// bulk_stages slots of bulk_chunk bytes in shared memory; lane 0 keeps them filled with
+// cp.async.bulk copies of its rows' chunks (completion counted in bytes on one mbarrier a slot),
+// so 12 KB a warp are in flight without registers, and the first chunks of every resident warp go
+// out before the wait. Warps take rows gw, gw + W, ... (W: warps of the grid), walking each row's
+// chunks in order; the activation row is copied to shared memory once per block after the wait.
+// M = 1, no norm prologue or SwiGLU epilogue; bias and beta as finish().
+constexpr int bulk_chunk = 4096;  // bytes a slot
+constexpr int bulk_stages = 3;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+
+// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory,
+// announced on `bar` (this thread's arrival plus the bytes the copy will complete).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT%=;\n}" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+constexpr std::size_t bulk_ring_bytes = std::size_t{warps} * bulk_stages * bulk_chunk;
+
+template <typename T>
+std::size_t bulk_smem_bytes(int k) {
+  return bulk_ring_bytes + static_cast<std::size_t>(k) * sizeof(T) + std::size_t{warps} * bulk_stages * 8;
+}
+
+template <typename T, typename OutT>
+__global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T> p) {
+  extern __shared__ __align__(128) unsigned char s_bulk[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k = p.k;
+  unsigned char* ring = s_bulk + static_cast<std::size_t>(warp) * bulk_stages * bulk_chunk;
+  T* s_act = reinterpret_cast<T*>(s_bulk + bulk_ring_bytes);
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(s_bulk + bulk_ring_bytes + static_cast<std::size_t>(k) * sizeof(T)) +
+                        warp * bulk_stages;
+
+  const int total_warps = gridDim.x * warps, gw = blockIdx.x * warps + warp;
+  const unsigned row_bytes = static_cast<unsigned>(k) * sizeof(T);
+  const int chunks = static_cast<int>((row_bytes + bulk_chunk - 1) / bulk_chunk);
+  const int my_rows = gw < p.n ? (p.n - gw + total_warps - 1) / total_warps : 0;
+  const int items = my_rows * chunks;  // (row, chunk) pairs in order
+  const auto* wb = reinterpret_cast<const unsigned char*>(p.w);
+  auto issue = [&](int i) {  // lane 0: item i into slot i % bulk_stages
+    const int row = gw + (i / chunks) * total_warps, c = i % chunks;
+    const unsigned off = static_cast<unsigned>(c) * bulk_chunk;
+    bulk_load(ring + (i % bulk_stages) * bulk_chunk, wb + static_cast<std::int64_t>(row) * row_bytes + off,
+              min(static_cast<unsigned>(bulk_chunk), row_bytes - off), &bars[i % bulk_stages]);
+  };
+  if (lane == 0) {
+    for (int s = 0; s < bulk_stages; ++s) mbar_init(&bars[s]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    // The weights do not depend on the previous kernel: the ring fills before the wait.
+    for (int i = 0; i < min(items, bulk_stages); ++i) issue(i);
+  }
+  __syncwarp();
+  grid_dependency_wait();
+  for (int i = threadIdx.x * 16; i < static_cast<int>(row_bytes); i += blockDim.x * 16)
+    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(s_act) + i) =
+        *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p.a) + i);
+  __syncthreads();
+
+  constexpr int V = vec_of<T>;
+  float acc = 0.0f;
+  for (int i = 0; i < items; ++i) {
+    const int slot = i % bulk_stages, c = i % chunks;
+    mbar_wait(&bars[slot], static_cast<unsigned>(i / bulk_stages) & 1u);
+    const unsigned off = static_cast<unsigned>(c) * bulk_chunk;
+    const unsigned bytes = min(static_cast<unsigned>(bulk_chunk), row_bytes - off);
+    const unsigned char* chunk = ring + slot * bulk_chunk;
+    const unsigned char* act = reinterpret_cast<const unsigned char*>(s_act) + off;
+    for (unsigned b = lane * 16u; b < bytes; b += 32u * 16u) {
+      float wf[V], af[V];
+      unpack<T>(*reinterpret_cast<const uint4*>(chunk + b), wf);
+      unpack<T>(*reinterpret_cast<const uint4*>(act + b), af);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc += wf[v] * af[v];
+    }
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    if (lane == 0 && i + bulk_stages < items) issue(i + bulk_stages);
+    if (c == chunks - 1) {
+      acc = warp_sum(acc);
+      if (lane == 0) {
+        const int row = gw + (i / chunks) * total_warps;
+        finish(static_cast<OutT*>(p.out) + row, acc, p.bias ? to_f32(p.bias[row]) : 0.0f, p.beta);
+      }
+      acc = 0.0f;
+    }
+  }
+}
+
+template <typename T, typename OutT>
+void launch_bulk(cudaStream_t stream, const OutInArgs<T>& p, int sm_count) {
+  const std::size_t smem = bulk_smem_bytes<T>(p.k);
+  static const bool configured = [] {
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bulk_smem_bytes<T>(max_bulk_k))));
+    return true;
+  }();
+  (void)configured;
+  // As many blocks as fit beside each other (two an SM at the 96 KB ring when the activation row
+  // is small), at most one row a warp.
+  const int per_sm = 2 * (smem + 1024) <= 228 * 1024 ? 2 : 1;  // 1 KB a block is the runtime's
+  const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
+  launch_kernel(pdl_enabled() && static_cast<std::int64_t>(p.n) * p.k * static_cast<std::int64_t>(sizeof(T)) <= pdl_gemv_max_bytes(),
+                gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
+}
+
 // The LayerNorm prologue of gemv_in_out_kernel: rows [M, k] of x normalised as norm.cu's
 // LayerNorm writes them (f32 statistics, two-pass variance, out = (x - mean) * rstd * w + b
 // rounded to T) into s_act as f32. Every block of the grid does it (k is small where it is used:
@@ -488,7 +622,9 @@ GemvTuning tuning_from_env() noexcept {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) : 0;
   };
-  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1};
+  const char* bulk = std::getenv("XSERV_CUDA_GEMV_BULK");
+  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
+                    bulk ? get("XSERV_CUDA_GEMV_BULK") : -1};
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -554,6 +690,14 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
     }
   } else {
     const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
+    if constexpr (M == 1) {
+      const int bulk = gemv_tuning().bulk;
+      if ((bulk == 1 || (bulk < 0 && std::is_same_v<T, bf16>)) && k <= max_bulk_k &&
+          reinterpret_cast<std::uintptr_t>(a) % 16 == 0) {
+        launch_bulk<T, OutT>(stream, p, sm_count);
+        return;
+      }
+    }
     launch_out_in<T, M, OutT, false, false>(stream, p, sm_count);
   }
 }

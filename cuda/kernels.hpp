@@ -20,7 +20,8 @@ namespace xserv::cuda {
 // kernel ahead"), where letting every kernel launch the next first thing had measured no faster.
 bool pdl_enabled() noexcept;
 // Decode GEMVs whose weight is larger than this launch plainly even with pdl_enabled()
-// (XSERV_CUDA_PDL_GEMV_MB, read once; default: no limit).
+// (XSERV_CUDA_PDL_GEMV_MB, read once; default 32 MB): Qwen3-8B's 33-201 MB GEMVs run 13-52 us,
+// there is no launch gap to hide, and the dependent blocks resident early measured 2-3% slower.
 std::int64_t pdl_gemv_max_bytes() noexcept;
 
 // embedding.cu
@@ -77,10 +78,16 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
+// bulk: plain one-row GEMVs with K up to max_bulk_k stream their weights through shared memory
+// with bulk copies (gemv_bulk_kernel in gemv.cu): 1 always, 0 never, -1 (the default) for bf16
+// weights, where it measured faster on every Qwen3 size (docs/benchmarks.md, "Decode GEMVs on
+// bulk copies"); XSERV_CUDA_GEMV_BULK=0|1.
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
+  int bulk = -1;
 };
+constexpr int max_bulk_k = 16384;
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
 // decode), a and W [N, K] (out_in) in bf16, out in bf16 or f32: each weight element is loaded
