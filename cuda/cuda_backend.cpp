@@ -245,6 +245,21 @@ class CudaBackend final : public Backend {
   // Rows up to which 5+-row bf16 GEMMs take the tensor-core skinny kernel (gemm_skinny.cu)
   // instead of cuBLASLt: XSERV_CUDA_SKINNY_ROWS (0 turns it off, for comparisons; at most 32).
   std::int64_t skinny_rows_ = default_skinny_gemm_rows;
+  // What rms_norm_gemm at skinny rows folds into the skinny GEMM (XSERV_CUDA_SKINNY_FUSE, bits):
+  // 1 the RMSNorm where there is no SwiGLU (q|k|v), 2 the SwiGLU epilogue (gate|up), 4 the RMSNorm
+  // where there is (gate|up). Default 2: on the H200 the SwiGLU epilogue made a 16-row Qwen3-1.7B
+  // step 5% faster, and the norm prologue made it slower (each block normalises every row again:
+  // blocks x rows x K conversions, 384-768 blocks for gate|up; docs/benchmarks.md). 0: the
+  // separate norm, skinny GEMM and swiglu kernels (for comparisons).
+  int skinny_fuse_ = 2;
+  // Rows up to which rms_norm_gemm takes the fused skinny kernel: XSERV_CUDA_SKINNY_FUSE_ROWS (at
+  // most 32), by default the plain skinny GEMM's limit. The fusion saves two or three kernels, so
+  // it can pay at rows where the plain skinny GEMM loses to cuBLASLt.
+  std::int64_t skinny_fuse_rows_ = -1;
+  // XSERV_CUDA_SKINNY_STATS=block: every block of the fused kernel computes the row statistics
+  // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
+  bool skinny_block_stats_ = false;
+  Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
@@ -287,6 +302,10 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
+  if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -309,6 +328,7 @@ CudaBackend::~CudaBackend() {
   attention_tickets_ = Buffer();
   gemv_partial_ = Buffer();
   gemv_tickets_ = Buffer();
+  skinny_norm_scratch_ = Buffer();
   sample_device_ = Buffer();
   sample_candidates_ = Buffer();
   sample_select_ = Buffer();
@@ -649,6 +669,37 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
       norm_gemv_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data)) {
     launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu,
                      x.shape[0], out.shape[1], x.shape[1], sm_count_);
+    return;
+  }
+  // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
+  const std::int64_t m = shapes_ok ? x.shape[0] : 0, k = shapes_ok ? x.shape[1] : 0, rows = shapes_ok ? w.shape[0] : 0;
+  const bool fuse_norm = (skinny_fuse_ & (swiglu ? 4 : 1)) != 0, fuse_swiglu = swiglu && (skinny_fuse_ & 2) != 0;
+  // The partial fusions (for comparisons) keep an intermediate in the caller's scratch.
+  const bool scratch_ok = (!swiglu || fuse_swiglu) ? (fuse_norm || h_scratch.shape == x.shape)
+                                                 : y_scratch.shape == Shape{m, rows} && y_scratch.dtype == dt;
+  if (shapes_ok && dtypes_ok && scratch_ok && fuse_norm &&
+      skinny_norm_gemm_supported(dt, m, rows, k, x.data, norm_weight.data, w.data, skinny_fuse_rows_)) {
+    const std::size_t bytes = skinny_norm_scratch_bytes(k);
+    if (!skinny_block_stats_ && skinny_norm_scratch_.size() < bytes) {
+      ensure_scratch(skinny_norm_scratch_, bytes);
+      XSERV_CUDA_CHECK(cudaMemsetAsync(skinny_norm_scratch_.data(), 0, skinny_norm_scratch_.size(), stream_));
+    }
+    void* stats = skinny_block_stats_ ? nullptr : skinny_norm_scratch_.data();
+    if (swiglu && !fuse_swiglu) {  // XSERV_CUDA_SKINNY_FUSE=4: the norm alone
+      launch_skinny_norm_gemm(stream_, y_scratch.data, x.data, norm_weight.data, eps, w.data, false, m, rows, k,
+                              sm_count_, stats);
+      this->swiglu(out, y_scratch);
+      return;
+    }
+    launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, rows, k,
+                            sm_count_, stats);
+    return;
+  }
+  if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&
+      skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_fuse_rows_)) {  // the SwiGLU alone
+    rms_norm(h_scratch, x, {}, norm_weight, eps);
+    launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
+                            nullptr);
     return;
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.

@@ -28,7 +28,28 @@
 // slabs), 2 for its gate|up (768 slabs), 1 for the lm_head. No split crosses blocks: an earlier
 // version split K over blocks with a last-block reduction, and that reduction (one block reading
 // every split's partials at L2 latency) halved the speed.
+//
+// Fused decode block (launch_skinny_norm_gemm, Backend::rms_norm_gemm at 5-32 rows): the RMSNorm
+// before the GEMM and the SwiGLU after it, so a Qwen3 layer's q|k|v and gate|up each run as one
+// kernel instead of two or three. Measured on the H200 (docs/benchmarks.md): the SwiGLU epilogue
+// pays (on by default), the norm prologue does not (opt-in): every block normalises all the rows
+// again, blocks x rows x K conversions (384-768 blocks for a gate|up), which cost more than the
+// norm kernel they replace (Qwen3-1.7B 16 rows 1.81 -> 2.05 ms a step, 8B 4.97 -> 5.90).
+// - Norm prologue: `a` is the residual stream x. Every block needs each row's rstd before its
+//   first product, but reading all of x in every block would add half the weight's bytes to the
+//   L2 traffic at 16 rows; so the first blocks to arrive (an atomic ticket: a block holding ticket
+//   t < chunks has started, so waiting on it cannot deadlock) each add the squares of one
+//   256-wide column chunk of every row into a scratch [chunks][32], and every block waits for
+//   them (a counter), then sums the chunks in chunk order (deterministic). The last block past
+//   the wait resets the counters for the next launch. While it waits, the block prefetches its
+//   first weight steps into L2. Activation fragments are then normalised in registers as the
+//   norm kernel rounds them: h = bf16(bf16(x * rstd) * norm_w).
+// - SwiGLU epilogue: W holds 2n rows (gate, then up); block b's two 16-row mma tiles are gate
+//   rows 16b.. and up rows n + 16b.., so the block writes out[:, 16b + r] = silu(y_g) * y_u with
+//   the swiglu kernel's roundings (y rounded to bf16, silu rounded, product rounded).
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -44,6 +65,9 @@ constexpr int slab_rows = 32;  // weight rows per block: two 16-row mma tiles
 constexpr int k_step = 64;
 constexpr int smem_stride = slab_rows + 4;  // +4 floats: the fragment stores hit 32 banks
 
+constexpr int stat_chunk = 256;  // columns of x per statistics chunk (Norm)
+constexpr int stat_rows = static_cast<int>(max_skinny_gemm_rows);  // row stride of the chunk sums
+
 struct SkinnyParams {
   void* out;
   std::int64_t ldo;
@@ -51,17 +75,134 @@ struct SkinnyParams {
   const bf16* w;
   const bf16* bias;
   float beta;
-  int m, n, k;
+  int m, n, k;  // n: W's rows (with Swiglu 2x the output columns)
+  // Norm: the RMSNorm weight [k], eps, the chunk sums [chunks][stat_rows] and three counters
+  // (tickets, chunks done, blocks past the wait; zero between launches).
+  const bf16* norm_w = nullptr;
+  float eps = 0.0f;
+  float* stats = nullptr;
+  unsigned* counters = nullptr;
+  int chunks = 0;
 };
+
+// h = bf16(bf16(x * rstd) * g) for the 8 values of a fragment word quad (as norm.cu rounds).
+__device__ __forceinline__ uint4 normalise8(uint4 x, uint4 g, float rstd) {
+  const auto* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const auto* gh = reinterpret_cast<const __nv_bfloat162*>(&g);
+  uint4 r;
+  auto* rh = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 xf = __bfloat1622float2(xh[i]), gf = __bfloat1622float2(gh[i]);
+    const float2 n = __bfloat1622float2(__floats2bfloat162_rn(xf.x * rstd, xf.y * rstd));
+    rh[i] = __floats2bfloat162_rn(n.x * gf.x, n.y * gf.y);
+  }
+  return r;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The Norm prologue (see the file head): returns once s_rstd[0..m) holds every row's rstd.
+__device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticket) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (!p.counters) {
+    // XSERV_CUDA_SKINNY_STATS=block (for comparisons): every block reads all of x itself, a warp
+    // per row, no counters (m * k * 2 bytes more L2 traffic per block).
+    for (int m = warp; m < p.m; m += warps) {
+      const bf16* row = p.a + static_cast<std::int64_t>(m) * p.k;
+      float ss = 0.0f;
+#pragma unroll 4
+      for (int i = lane * 8; i < p.k; i += 256) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + i));
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          ss += f.x * f.x + f.y * f.y;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) s_rstd[m] = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
+    }
+    __syncthreads();
+    return;
+  }
+  if (threadIdx.x == 0) *s_ticket = atomicAdd(&p.counters[0], 1u);
+  __syncthreads();
+  const unsigned ticket = *s_ticket;
+  if (ticket < static_cast<unsigned>(p.chunks)) {
+    const int i = static_cast<int>(ticket) * stat_chunk + lane * 8;
+    for (int m = warp; m < p.m; m += warps) {
+      float ss = 0.0f;
+      if (i < p.k) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * p.k + i));
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          ss += f.x * f.x + f.y * f.y;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) p.stats[ticket * stat_rows + m] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(&p.counters[1], 1u);
+    }
+  }
+  if (threadIdx.x == 0) {
+    // Bounded, so a broken counter is a loud error rather than a hung GPU.
+    long long spins = 0;
+    while (*reinterpret_cast<volatile unsigned*>(&p.counters[1]) < static_cast<unsigned>(p.chunks)) {
+      __nanosleep(64);
+      if (++spins > (1ll << 26)) __trap();
+    }
+    __threadfence();
+    // Every block has taken its ticket and passed the wait when the last one gets here.
+    if (atomicAdd(&p.counters[2], 1u) == gridDim.x - 1) {
+      atomicExch(&p.counters[0], 0u);
+      atomicExch(&p.counters[1], 0u);
+      atomicExch(&p.counters[2], 0u);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < p.m) {
+    float t = 0.0f;
+    for (int c = 0; c < p.chunks; ++c) t += __ldcg(p.stats + c * stat_rows + threadIdx.x);
+    s_rstd[threadIdx.x] = rsqrtf(t / static_cast<float>(p.k) + p.eps);
+  }
+  __syncthreads();
+}
 
 __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // Launch: grid (N / 32), warps * 32 threads, warps * MT * 8 * smem_stride floats of shared memory.
-template <int MT, typename OutT>
+// Norm and Swiglu: the fused decode block (file head); OutT is bf16 then.
+// This lane's activation fragments of K step `step` (zero past the rows).
+template <int MT>
+__device__ __forceinline__ void load_act(uint4 (&dst)[MT][2], const bf16* const (&ap)[MT], const bool (&a_ok)[MT],
+                                         int step) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      dst[t][c] = a_ok[t] ? __ldg(reinterpret_cast<const uint4*>(ap[t] + step * k_step + c * 32))
+                          : make_uint4(0, 0, 0, 0);
+}
+
+// Ahead: the activation fragments are loaded a step ahead too, like the weights (their L2
+// latency off each step's path; 8 * MT registers more).
+template <int MT, typename OutT, bool Norm = false, bool Swiglu = false, bool Ahead = false>
 __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const SkinnyParams p) {
   extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
+  __shared__ float s_rstd[Norm ? stat_rows : 1];
+  __shared__ unsigned s_ticket;
   allow_dependents();
   const int warps = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -69,9 +210,13 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
   const int col0 = blockIdx.x * slab_rows;
   const int steps = p.k / k_step;
 
-  // This lane's weight rows g, g + 8, g + 16, g + 24 of the slab, at its K offset 8q.
-  const bf16* wp = p.w + static_cast<std::int64_t>(col0 + g) * p.k + q * 8;
+  // This lane's weight rows g, g + 8 of each 16-row tile, at its K offset 8q: the slab's rows
+  // g, g + 8, g + 16, g + 24, or with Swiglu gate rows 16b + g (+ 8) and up rows n/2 + 16b + g (+ 8).
+  const std::int64_t tile0 = Swiglu ? blockIdx.x * 16 : col0;
+  const std::int64_t tile1 = Swiglu ? p.n / 2 + blockIdx.x * 16 : col0 + 16;
   const std::int64_t row8 = static_cast<std::int64_t>(8) * p.k;
+  const bf16* wrow[4] = {p.w + (tile0 + g) * p.k + q * 8, p.w + (tile0 + g) * p.k + q * 8 + row8,
+                         p.w + (tile1 + g) * p.k + q * 8, p.w + (tile1 + g) * p.k + q * 8 + row8};
   const bf16* ap[MT];
   bool a_ok[MT];
 #pragma unroll
@@ -88,9 +233,28 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wp + r * row8 + s * k_step + c * 32);
+      for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wrow[r] + s * k_step + c * 32);
   }
   grid_dependency_wait();  // the activations come from the kernel before this one
+  [[maybe_unused]] float rstd[MT];
+  if constexpr (Norm) {
+    // The next few steps' weights stream into L2 while the block waits for the row statistics.
+    for (int j = 1; j <= 3; ++j) {
+      const int st = warp + j * warps;
+      if (st < steps)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) prefetch_l2(wrow[r] + st * k_step + c * 32);
+    }
+    row_rstd(p, s_rstd, &s_ticket);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) rstd[t] = a_ok[t] ? s_rstd[t * 8 + g] : 0.0f;
+  }
+  [[maybe_unused]] uint4 a_next[Ahead ? MT : 1][2];
+  if constexpr (Ahead) {
+    if (s < steps) load_act<MT>(a_next, ap, a_ok, s);
+  }
   for (; s < steps; s += warps) {
     uint4 wv[4][2];
 #pragma unroll
@@ -101,15 +265,27 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wp + r * row8 + (s + warps) * k_step + c * 32);
+        for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wrow[r] + (s + warps) * k_step + c * 32);
     }
     uint4 av[MT][2];
+    if constexpr (Ahead) {
 #pragma unroll
-    for (int t = 0; t < MT; ++t)
+      for (int t = 0; t < MT; ++t)
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        av[t][c] = a_ok[t] ? __ldg(reinterpret_cast<const uint4*>(ap[t] + s * k_step + c * 32))
-                           : make_uint4(0, 0, 0, 0);
+        for (int c = 0; c < 2; ++c) av[t][c] = a_next[t][c];
+      if (s + warps < steps) load_act<MT>(a_next, ap, a_ok, s + warps);
+    } else {
+      load_act<MT>(av, ap, a_ok, s);
+    }
+    if constexpr (Norm) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint4 gv = __ldg(reinterpret_cast<const uint4*>(p.norm_w + s * k_step + c * 32 + q * 8));
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+          if (a_ok[t]) av[t][c] = normalise8(av[t][c], gv, rstd[t]);
+      }
+    }
 #pragma unroll
     for (int c = 0; c < 2; ++c)
 #pragma unroll
@@ -137,16 +313,32 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
       for (int i = 0; i < 4; ++i)
         mine[(t * 8 + 2 * q + (i & 1)) * smem_stride + tile * 16 + g + 8 * (i >> 1)] = acc[tile][t][i];
   __syncthreads();
-  // Thread (m, r) adds the warps' values of output row m, column col0 + r in warp order.
   const int rows = min(p.m, MT * 8);
-  for (int idx = threadIdx.x; idx < rows * slab_rows; idx += blockDim.x) {
-    const int m = idx / slab_rows, r = idx % slab_rows;
-    float v = 0.0f;
-    for (int w = 0; w < warps; ++w) v += s_acc[(w * MT * 8 + m) * smem_stride + r];
-    OutT* o = static_cast<OutT*>(p.out) + static_cast<std::int64_t>(m) * p.ldo + col0 + r;
-    if (p.bias) v += to_f32(p.bias[col0 + r]);
-    if (p.beta != 0.0f) v += p.beta * to_f32(*o);
-    *o = from_f32<OutT>(v);
+  if constexpr (Swiglu) {
+    // Thread (m, r): gate column r and up column 16 + r of the block, summed in warp order.
+    bf16* out = static_cast<bf16*>(p.out);
+    for (int idx = threadIdx.x; idx < rows * 16; idx += blockDim.x) {
+      const int m = idx / 16, r = idx % 16;
+      float yg = 0.0f, yu = 0.0f;
+      for (int w = 0; w < warps; ++w) {
+        yg += s_acc[(w * MT * 8 + m) * smem_stride + r];
+        yu += s_acc[(w * MT * 8 + m) * smem_stride + 16 + r];
+      }
+      const float gf = to_f32(from_f32<bf16>(yg)), uf = to_f32(from_f32<bf16>(yu));
+      const float sf = to_f32(from_f32<bf16>(gf / (1.0f + expf(-gf))));
+      out[static_cast<std::int64_t>(m) * p.ldo + blockIdx.x * 16 + r] = from_f32<bf16>(sf * uf);
+    }
+  } else {
+    // Thread (m, r) adds the warps' values of output row m, column col0 + r in warp order.
+    for (int idx = threadIdx.x; idx < rows * slab_rows; idx += blockDim.x) {
+      const int m = idx / slab_rows, r = idx % slab_rows;
+      float v = 0.0f;
+      for (int w = 0; w < warps; ++w) v += s_acc[(w * MT * 8 + m) * smem_stride + r];
+      OutT* o = static_cast<OutT*>(p.out) + static_cast<std::int64_t>(m) * p.ldo + col0 + r;
+      if (p.bias) v += to_f32(p.bias[col0 + r]);
+      if (p.beta != 0.0f) v += p.beta * to_f32(*o);
+      *o = from_f32<OutT>(v);
+    }
   }
 }
 
@@ -157,14 +349,14 @@ std::size_t smem_bytes(int warps) {
 
 // Warps of this kernel one SM holds (registers bound it), and the opt-in to more than 48 KB of
 // dynamic shared memory for 16-warp blocks of 32 rows.
-template <int MT, typename OutT>
+template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
 int warps_per_sm() {
   static const int warps = [] {
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<MT, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>;
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_bytes<MT>(max_warps))));
     int blocks = 0;
-    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_gemm_kernel<MT, OutT>, 32,
-                                                                   smem_bytes<MT>(1)));
+    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32, smem_bytes<MT>(1)));
     return std::max(blocks, 1);
   }();
   return warps;
@@ -179,23 +371,38 @@ int warps_for(int slabs, int steps, int per_sm, int sm_count) {
   return w;
 }
 
-template <int MT, typename OutT>
-void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
-  const int per_sm = warps_per_sm<MT, OutT>();
+template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
+void launch_mt_ahead(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+  const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, Ahead>();
   const int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
-  launch_pdl(skinny_gemm_kernel<MT, OutT>, dim3(static_cast<unsigned>(p.n / slab_rows)), dim3(warps * 32),
-             smem_bytes<MT>(warps), stream, p);
+  launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>, dim3(static_cast<unsigned>(p.n / slab_rows)),
+             dim3(warps * 32), smem_bytes<MT>(warps), stream, p);
 }
 
-template <typename OutT>
+// XSERV_CUDA_SKINNY_ACT_AHEAD=1 (read at every launch, for comparisons): the activation
+// fragments loaded a step ahead too.
+bool act_ahead() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_ACT_AHEAD");
+  return env && std::string_view(env) == "1";
+}
+
+template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
+void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+  if (act_ahead()) launch_mt_ahead<MT, OutT, Norm, Swiglu, true>(stream, p, sm_count);
+  else launch_mt_ahead<MT, OutT, Norm, Swiglu, false>(stream, p, sm_count);
+}
+
+template <typename OutT, bool Norm = false, bool Swiglu = false>
 void launch_typed(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   switch ((p.m + 7) / 8) {
-    case 1: launch_mt<1, OutT>(stream, p, sm_count); break;
-    case 2: launch_mt<2, OutT>(stream, p, sm_count); break;
-    case 3: launch_mt<3, OutT>(stream, p, sm_count); break;
-    default: launch_mt<4, OutT>(stream, p, sm_count); break;
+    case 1: launch_mt<1, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    case 2: launch_mt<2, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    case 3: launch_mt<3, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    default: launch_mt<4, OutT, Norm, Swiglu>(stream, p, sm_count); break;
   }
 }
+
+int stat_chunks(std::int64_t k) { return static_cast<int>((k + stat_chunk - 1) / stat_chunk); }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -216,6 +423,36 @@ void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64
                        static_cast<int>(k)};
   if (out_dt == DType::f32) launch_typed<float>(stream, p, sm_count);
   else launch_typed<bf16>(stream, p, sm_count);
+}
+
+bool skinny_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* x,
+                                const void* norm_weight, const void* w, std::int64_t max_rows) noexcept {
+  // Every chunk of the row statistics needs a block of its own (n / 32 blocks).
+  return skinny_gemm_supported(dt, m, n, k, x, w, max_rows) && aligned16(norm_weight) &&
+         stat_chunks(k) <= n / slab_rows;
+}
+
+std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept {
+  return 64 + static_cast<std::size_t>(stat_chunks(k)) * stat_rows * sizeof(float);
+}
+
+void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, const void* norm_weight, float eps,
+                             const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
+                             int sm_count, void* scratch) {
+  if (m == 0 || n == 0) return;
+  SkinnyParams p{out, swiglu ? n / 2 : n, static_cast<const bf16*>(x), static_cast<const bf16*>(w), nullptr,
+                 0.0f, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  p.norm_w = static_cast<const bf16*>(norm_weight);
+  p.eps = eps;
+  if (scratch) {  // null: every block computes the statistics itself
+    p.counters = static_cast<unsigned*>(scratch);
+    p.stats = reinterpret_cast<float*>(static_cast<char*>(scratch) + 64);
+  }
+  p.chunks = stat_chunks(k);
+  if (!norm_weight) launch_typed<bf16, false, true>(stream, p, sm_count);  // x already normalised
+  else if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);
+  else launch_typed<bf16, true, false>(stream, p, sm_count);
+  XSERV_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace xserv::cuda

@@ -102,6 +102,22 @@ bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_
 void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
                         const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
                         std::int64_t k, int sm_count);
+// The same kernel as a pre-norm block's input side (Backend::rms_norm_gemm at 5..32 rows, bf16):
+// out = RMSNorm(x) * norm_weight . W^T, the normalised rows rounded as launch_norm rounds them;
+// with swiglu, W holds n rows (gate, then up) and out [m, n / 2] = silu(y_gate) * y_up as
+// launch_swiglu rounds it. `scratch` holds skinny_norm_scratch_bytes(k) bytes on the device,
+// zeroed before its first use and left zeroed by every launch (the row statistics, gemm_skinny.cu
+// says how); launches on one stream may share it. Needs what skinny_gemm_supported needs, a
+// 16-byte aligned norm weight and n / 32 >= k / 256 (rounded up). A null norm_weight (swiglu
+// only) takes x as already normalised: the GEMM with the SwiGLU epilogue alone, no scratch. A
+// null scratch with a norm weight: every block computes the row statistics itself (for
+// comparisons, XSERV_CUDA_SKINNY_STATS=block).
+bool skinny_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* x,
+                                const void* norm_weight, const void* w, std::int64_t max_rows) noexcept;
+std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept;
+void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, const void* norm_weight, float eps,
+                             const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
+                             int sm_count, void* scratch);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as

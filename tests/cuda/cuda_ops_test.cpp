@@ -331,6 +331,117 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
   }
 }
 
+TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prologue and SwiGLU epilogue",
+          "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // Every row count the skinny kernel supports (the default stops at 16), read at construction;
+  // `be` runs the one fused kernel (norm prologue and SwiGLU epilogue).
+  const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
+  std::unique_ptr<GpuCpu> both;  // every fusion on (the default has the SwiGLU alone)
+  {
+    const ScopedEnv all("XSERV_CUDA_SKINNY_FUSE", "7");
+    both = std::make_unique<GpuCpu>();
+  }
+  GpuCpu& be = *both;
+  // `unfused` runs the norm, skinny GEMM and swiglu kernels apart (the roundings the fused kernel
+  // keeps); `one[0]` folds in the norms alone, `one[1]` the SwiGLU alone (the default), `one[2]`
+  // both with the row statistics computed in every block.
+  std::unique_ptr<Backend> unfused, one[3];
+  {
+    const ScopedEnv off("XSERV_CUDA_SKINNY_FUSE", "0");
+    unfused = cuda::make_cuda_backend(BackendOptions{});
+  }
+  for (int i = 0; i < 3; ++i) {
+    const ScopedEnv part("XSERV_CUDA_SKINNY_FUSE", i == 0 ? "5" : i == 1 ? nullptr : "7");
+    const ScopedEnv stats("XSERV_CUDA_SKINNY_STATS", i == 2 ? "block" : nullptr);
+    one[i] = cuda::make_cuda_backend(BackendOptions{});
+  }
+  std::mt19937 rng(37);
+  struct Case {
+    std::int64_t m, k, n;  // n: output columns (with SwiGLU W has 2n rows)
+  };
+  // One to four 8-row tiles, partial tiles; K of whole and partial 256-wide statistics chunks
+  // (2112: 9 chunks, the last 64 wide) and as many chunks as blocks (4096 with n = 512: 16).
+  const Case cases[] = {{5, 1024, 512}, {8, 2048, 1024}, {16, 2112, 320}, {17, 4096, 512},
+                        {31, 1024, 128}, {32, 2048, 768}};
+  const DType dt = DType::bf16;
+  for (const auto& c : cases) {
+    for (bool swiglu : {false, true}) {
+      INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " swiglu=" << swiglu);
+      const std::int64_t rows = swiglu ? 2 * c.n : c.n;
+      alignas(16) static const std::uint16_t aligned[8] = {};
+      REQUIRE(cuda::skinny_norm_gemm_supported(dt, c.m, rows, c.k, aligned, aligned, aligned, 32));
+      auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
+      auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
+      for (auto& v : g) v += 1.0f;
+      auto w = randn(rng, static_cast<std::size_t>(rows * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
+      for (auto* v : {&x, &g, &w}) round_through(*v, dt);
+      std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size()),
+          y(static_cast<std::size_t>(c.m * rows));
+      be.cpu.rms_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}), 1e-6f,
+                           host_view(w, {rows, c.k}), swiglu, host_view(h, {c.m, c.k}),
+                           swiglu ? host_view(y, {c.m, rows}) : Tensor());
+      const Tensor gx = be.gpu_tensor(x, dt, {c.m, c.k}), gg = be.gpu_tensor(g, dt, {c.k}),
+                   gw = be.gpu_tensor(w, dt, {rows, c.k});
+      // Twice on the fused backend: every launch must leave the statistics counters zeroed.
+      std::vector<float> fused[2];
+      for (auto& f : fused) {
+        Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->rms_norm_gemm(gout, gx, gg, 1e-6f, gw, swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
+                              swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor());
+        f = be.read(gout);
+      }
+      CHECK(fused[0] == fused[1]);
+      Tensor uout = be.gpu_poisoned(dt, {c.m, c.n});
+      Tensor uh = be.gpu_poisoned(dt, {c.m, c.k}), uy = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+      be.gpu->synchronize();  // the inputs and poisoned buffers are be.gpu's; `unfused` has its own stream
+      unfused->rms_norm_gemm(uout, gx, gg, 1e-6f, gw, swiglu, uh, uy);
+      unfused->synchronize();
+      const std::vector<float> separate = be.read(uout);
+      // As the GEMV test above: the CPU keeps f32 intermediates, the GPU rounds them as HF.
+      require_close(fused[0], want, 2.5e-2, 2e-2);
+      require_close(separate, want, 2.5e-2, 2e-2);
+      // Same roundings and the same GEMM sum order as the separate kernels; only the order of the
+      // sum of squares differs (chunks, not the norm kernel's block sum), which can move rstd by
+      // an ulp and so a rare normalised value.
+      const auto check_same = [&](const std::vector<float>& got) {
+        std::size_t same = 0;
+        for (std::size_t i = 0; i < separate.size(); ++i) same += got[i] == separate[i];
+        CHECK(static_cast<double>(same) >= 0.9 * static_cast<double>(separate.size()));
+      };
+      check_same(fused[0]);
+      {
+        // The activation fragments loaded a step ahead (read at every launch): the same products.
+        const ScopedEnv ahead("XSERV_CUDA_SKINNY_ACT_AHEAD", "1");
+        Tensor aout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->rms_norm_gemm(aout, gx, gg, 1e-6f, gw, swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
+                              swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor());
+        const std::vector<float> got = be.read(aout);
+        require_close(got, want, 2.5e-2, 2e-2);
+        check_same(got);
+        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
+        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+        be.gpu->synchronize();
+        unfused->rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
+        unfused->synchronize();
+        const std::vector<float> plain = be.read(pout);
+        require_close(plain, want, 2.5e-2, 2e-2);
+        check_same(plain);
+      }
+      for (auto& b : one) {
+        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
+        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+        be.gpu->synchronize();
+        b->rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
+        b->synchronize();
+        const std::vector<float> got = be.read(pout);
+        require_close(got, want, 2.5e-2, 2e-2);
+        check_same(got);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]") {
   // gemv_bulk_kernel (forced for f32 too): rows of one chunk, of several with a 16-byte
   // tail, many rows a warp (n past the grid's warps), beta = 1 and f32 logits.
