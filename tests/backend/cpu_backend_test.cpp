@@ -89,6 +89,80 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   }
 }
 
+// The prefill GEMM's tile loop in each of its variants (GemmProblem's kc, pack_prefetch,
+// pack_prefetch_spread, panel_outer; the backend reads them from XSERV_CPU_GEMM_* once per
+// process), called on every kernel table directly: several K tiles (K > kc), a short last K tile
+// (under the 8 k steps the spread prefetch works in), ragged rows and panels, and a prefetch
+// that runs on into the next column tile.
+TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop order", "[cpu]") {
+  std::mt19937 rng(7);
+  struct Case {
+    std::int64_t m, k, n, n0, n1;
+  };
+  const Case cases[] = {{9, 300, 70, 0, 70}, {21, 523, 100, 32, 100}, {128, 260, 40, 0, 40},
+                        {17, 5, 33, 0, 33}};
+  std::vector<float> scratch_store(static_cast<std::size_t>(cpu::gemm_scratch_floats + 16));
+  float* scratch = reinterpret_cast<float*>(
+      (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
+  for (const auto* kt : cpu::supported_kernels())
+    for (const auto& c : cases)
+      for (DType wt : kWeightTypes)
+        for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+          const bool out_in = layout == WeightLayout::out_in;
+          auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+          auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+          std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = c.n0; j < c.n1; ++j) {
+              double s = 0.0, s_abs = 0.0;
+              for (std::int64_t k = 0; k < c.k; ++k) {
+                const double v = a[static_cast<std::size_t>(i * c.k + k)] *
+                                 static_cast<double>(w.values[static_cast<std::size_t>(
+                                     out_in ? j * c.k + k : k * c.n + j)]);
+                s += v;
+                s_abs += std::abs(v);
+              }
+              want[static_cast<std::size_t>(i * c.n + j)] = s;
+              mag[static_cast<std::size_t>(i * c.n + j)] = s_abs + 1.0;
+            }
+          for (std::int64_t kc : {0, 64, 100})
+            for (int level : {0, 1, 2})
+              for (bool spread : {false, true})
+                for (bool panel_outer : {false, true}) {
+                  INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                               << dtype_name(wt) << " out_in=" << out_in << " kc=" << kc
+                               << " prefetch=" << level << " spread=" << spread
+                               << " panel_outer=" << panel_outer);
+                  std::vector<float> out(want.size(), NAN);
+                  cpu::GemmProblem p;
+                  p.a = a.data();
+                  p.m = c.m;
+                  p.k = c.k;
+                  p.n = c.n;
+                  p.w = w.tensor(out_in ? Shape{c.n, c.k} : Shape{c.k, c.n}).data;
+                  p.w_dtype = wt;
+                  p.layout = layout;
+                  p.out = out.data();
+                  p.ldo = c.n;
+                  p.kc = kc;
+                  p.pack_prefetch = level;
+                  p.pack_prefetch_spread = spread;
+                  p.panel_outer = panel_outer;
+                  kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
+                  for (std::int64_t i = 0; i < c.m; ++i)
+                    for (std::int64_t j = 0; j < c.n; ++j) {
+                      const auto o = static_cast<std::size_t>(i * c.n + j);
+                      if (j < c.n0 || j >= c.n1) {  // outside the tile: untouched
+                        REQUIRE(std::isnan(out[o]));
+                        continue;
+                      }
+                      INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
+                      REQUIRE(std::abs(out[o] - want[o]) <= 2e-6 * mag[o]);
+                    }
+                }
+        }
+}
+
 TEST_CASE("cpu layer_norm_gemm with the GELU fused equals the three ops one by one", "[cpu]") {
   // The CPU backend applies the GELU inside the GEMM (each output tile as it is finished, or at
   // the GEMV's store); Backend::layer_norm_gemm runs layer_norm, gemm and gelu separately.

@@ -37,16 +37,34 @@ float* gemm_scratch() {
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
 }
 
-// Measurement only: XSERV_CPU_GEMM_PREFETCH=l2 prefetches the next weight tile into L2 only,
-// off not at all; default l1, into L1 and L2 (GemmProblem::pack_prefetch).
-int gemm_prefetch() {
-  static const int level = [] {
+// How the prefill GEMM prefetches the next weight tile (GemmProblem::pack_prefetch and
+// pack_prefetch_spread): XSERV_CPU_GEMM_PREFETCH=l1 (into L1 and L2) or l2 (L2 only), a slice of
+// the tile's runs per row step; l1s / l2s the same spread over the micro-kernel calls; off none.
+struct GemmPrefetch {
+  int level = 2;
+  bool spread = false;
+};
+GemmPrefetch gemm_prefetch() {
+  static const GemmPrefetch chosen = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_PREFETCH");
-    if (!v) return 2;
-    const std::string_view s(v);
-    return s == "l2" ? 1 : s == "off" ? 0 : 2;
+    const std::string_view s(v ? v : "");
+    if (s == "l2") return GemmPrefetch{1, false};
+    if (s == "off") return GemmPrefetch{0, false};
+    if (s == "l1s") return GemmPrefetch{2, true};
+    if (s == "l2s") return GemmPrefetch{1, true};
+    return GemmPrefetch{2, false};
   }();
-  return level;
+  return chosen;
+}
+
+// Measurement: XSERV_CPU_GEMM_ORDER=panels runs every row step over one packed panel before the
+// next panel (GemmProblem::panel_outer); rows (the default) every panel per row step.
+bool gemm_panel_outer() {
+  static const bool panels = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_ORDER");
+    return v && std::string_view(v) == "panels";
+  }();
+  return panels;
 }
 
 // XSERV_CPU_GEMV_PREFETCH=l1 (the next rows into L1 only, as before the L2 prefetch existed),
@@ -140,7 +158,9 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.out = out.as<float>();
   p.ldo = ldo;
   p.kc = gemm_kc();
-  p.pack_prefetch = gemm_prefetch();
+  p.pack_prefetch = gemm_prefetch().level;
+  p.pack_prefetch_spread = gemm_prefetch().spread;
+  p.panel_outer = gemm_panel_outer();
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;
