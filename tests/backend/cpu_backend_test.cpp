@@ -90,7 +90,7 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
 }
 
 // The prefill GEMM's tile loop in each of its variants (GemmProblem's kc, pack_prefetch,
-// pack_prefetch_spread, panel_outer; the backend reads them from XSERV_CPU_GEMM_* once per
+// pack_prefetch_spread, panel_outer, mr; the backend reads them from XSERV_CPU_GEMM_* once per
 // process), called on every kernel table directly: several K tiles (K > kc), a short last K tile
 // (under the 8 k steps the spread prefetch works in), ragged rows and panels, and a prefetch
 // that runs on into the next column tile.
@@ -125,41 +125,50 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
               want[static_cast<std::size_t>(i * c.n + j)] = s;
               mag[static_cast<std::size_t>(i * c.n + j)] = s_abs + 1.0;
             }
-          for (std::int64_t kc : {0, 64, 100})
-            for (int level : {0, 1, 2})
-              for (bool spread : {false, true})
-                for (bool panel_outer : {false, true}) {
-                  INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
-                               << dtype_name(wt) << " out_in=" << out_in << " kc=" << kc
-                               << " prefetch=" << level << " spread=" << spread
-                               << " panel_outer=" << panel_outer);
-                  std::vector<float> out(want.size(), NAN);
-                  cpu::GemmProblem p;
-                  p.a = a.data();
-                  p.m = c.m;
-                  p.k = c.k;
-                  p.n = c.n;
-                  p.w = w.tensor(out_in ? Shape{c.n, c.k} : Shape{c.k, c.n}).data;
-                  p.w_dtype = wt;
-                  p.layout = layout;
-                  p.out = out.data();
-                  p.ldo = c.n;
-                  p.kc = kc;
-                  p.pack_prefetch = level;
-                  p.pack_prefetch_spread = spread;
-                  p.panel_outer = panel_outer;
-                  kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
-                  for (std::int64_t i = 0; i < c.m; ++i)
-                    for (std::int64_t j = 0; j < c.n; ++j) {
-                      const auto o = static_cast<std::size_t>(i * c.n + j);
-                      if (j < c.n0 || j >= c.n1) {  // outside the tile: untouched
-                        REQUIRE(std::isnan(out[o]));
-                        continue;
-                      }
-                      INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
-                      REQUIRE(std::abs(out[o] - want[o]) <= 2e-6 * mag[o]);
-                    }
+          struct Variant {
+            std::int64_t kc;
+            int level;
+            bool spread, panel_outer;
+            int mr;
+          };
+          const Variant variants[] = {{0, 2, false, false, 0},  {0, 1, false, false, 0},
+                                      {0, 0, false, false, 0},  {64, 2, true, false, 0},
+                                      {100, 1, true, true, 0},  {0, 2, false, true, 12},
+                                      {0, 2, true, false, 12},  {100, 2, true, true, 5},
+                                      {64, 1, true, false, 11}, {0, 1, false, true, 9}};
+          for (const Variant& v : variants) {
+            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                         << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
+                         << " prefetch=" << v.level << " spread=" << v.spread
+                         << " panel_outer=" << v.panel_outer << " mr=" << v.mr);
+            std::vector<float> out(want.size(), NAN);
+            cpu::GemmProblem p;
+            p.a = a.data();
+            p.m = c.m;
+            p.k = c.k;
+            p.n = c.n;
+            p.w = w.tensor(out_in ? Shape{c.n, c.k} : Shape{c.k, c.n}).data;
+            p.w_dtype = wt;
+            p.layout = layout;
+            p.out = out.data();
+            p.ldo = c.n;
+            p.kc = v.kc;
+            p.pack_prefetch = v.level;
+            p.pack_prefetch_spread = v.spread;
+            p.panel_outer = v.panel_outer;
+            p.mr = v.mr;
+            kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = 0; j < c.n; ++j) {
+                const auto o = static_cast<std::size_t>(i * c.n + j);
+                if (j < c.n0 || j >= c.n1) {  // outside the tile: untouched
+                  REQUIRE(std::isnan(out[o]));
+                  continue;
                 }
+                INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
+                REQUIRE(std::abs(out[o] - want[o]) <= 2e-6 * mag[o]);
+              }
+          }
         }
 }
 

@@ -92,6 +92,15 @@ GemvPrefetch gemv_prefetch() {
   return chosen;
 }
 
+// Measurement: XSERV_CPU_GEMM_MR=N rows per micro-tile (GemmProblem::mr; AVX-512 up to 12).
+int gemm_mr() {
+  static const int mr = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_MR");
+    return v ? std::clamp(std::atoi(v), 0, 64) : 0;
+  }();
+  return mr;
+}
+
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
 // instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
 std::int64_t gemm_kc() {
@@ -161,6 +170,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.pack_prefetch = gemm_prefetch().level;
   p.pack_prefetch_spread = gemm_prefetch().spread;
   p.panel_outer = gemm_panel_outer();
+  p.mr = gemm_mr();
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;

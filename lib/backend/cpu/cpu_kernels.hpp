@@ -38,6 +38,9 @@ struct GemmProblem {
   // (the A rows stay in L1, the panels stream from L2); true, every row step for one panel (the
   // panel stays in L1, the A rows stream) (XSERV_CPU_GEMM_ORDER=rows|panels).
   bool panel_outer = false;
+  // Rows per micro-tile, 0: the table's own (8 with AVX-512, 6 below); AVX-512 takes up to 12
+  // (XSERV_CPU_GEMM_MR; measurement).
+  int mr = 0;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
