@@ -3,6 +3,7 @@
 # GEMM's variants (XSERV_CPU_GEMM_PREFETCH / ORDER / MR / KC, each read once per process) against
 # the default in one CPU-only build, then whole prefills with the best two, then a GPT-2 decode
 # profile. The default path is main's kernel as it was (same loops, same prefetch).
+# (XSERV_CPU_GEMM_FIRST=l2: each task's first weight tile prefetched into L2 whole.)
 #   OUT=... bash bench/device/cpu_gemm_round.sh        (from the repository root)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -28,7 +29,8 @@ B=/tmp/b/bench
 V=("base:" "l2:XSERV_CPU_GEMM_PREFETCH=l2" "off:XSERV_CPU_GEMM_PREFETCH=off" "l1s:XSERV_CPU_GEMM_PREFETCH=l1s"
    "l2s:XSERV_CPU_GEMM_PREFETCH=l2s" "pan:XSERV_CPU_GEMM_ORDER=panels" "pan_l1s:XSERV_CPU_GEMM_ORDER=panels,XSERV_CPU_GEMM_PREFETCH=l1s"
    "mr12:XSERV_CPU_GEMM_MR=12" "mr12_l1s:XSERV_CPU_GEMM_MR=12,XSERV_CPU_GEMM_PREFETCH=l1s" "kc128:XSERV_CPU_GEMM_KC=128"
-   "kc128_pan:XSERV_CPU_GEMM_KC=128,XSERV_CPU_GEMM_ORDER=panels" "mr12_l2s:XSERV_CPU_GEMM_MR=12,XSERV_CPU_GEMM_PREFETCH=l2s")
+   "kc128_pan:XSERV_CPU_GEMM_KC=128,XSERV_CPU_GEMM_ORDER=panels" "mr12_l2s:XSERV_CPU_GEMM_MR=12,XSERV_CPU_GEMM_PREFETCH=l2s"
+   "first:XSERV_CPU_GEMM_FIRST=l2" "first_l1s:XSERV_CPU_GEMM_FIRST=l2,XSERV_CPU_GEMM_PREFETCH=l1s")
 gf() { grep '^BM_gemm' "$1" | awk '{ for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) { v = substr($i, 9); sub(/\/s/, "", v); printf "%.0f ", v } }'; }
 echo "| variant | 1 thread: qkv attn_out mlp_up mlp_down q3_gate_up(bf16) qkv@512 | 8 threads: qkv attn_out mlp_up mlp_down q3_gate_up | 8-thread GPT-2 mean |" | tee -a "$OUT/summary.md"
 for v in "${V[@]}"; do

@@ -90,7 +90,7 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
 }
 
 // The prefill GEMM's tile loop in each of its variants (GemmProblem's kc, pack_prefetch,
-// pack_prefetch_spread, panel_outer, mr; the backend reads them from XSERV_CPU_GEMM_* once per
+// pack_prefetch_spread, panel_outer, mr, first_tile_prefetch; the backend reads them from XSERV_CPU_GEMM_* once per
 // process), called on every kernel table directly: several K tiles (K > kc), a short last K tile
 // (under the 8 k steps the spread prefetch works in), ragged rows and panels, and a prefetch
 // that runs on into the next column tile.
@@ -130,17 +130,20 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
             int level;
             bool spread, panel_outer;
             int mr;
+            bool first = false;
           };
           const Variant variants[] = {{0, 2, false, false, 0},  {0, 1, false, false, 0},
                                       {0, 0, false, false, 0},  {64, 2, true, false, 0},
                                       {100, 1, true, true, 0},  {0, 2, false, true, 12},
                                       {0, 2, true, false, 12},  {100, 2, true, true, 5},
-                                      {64, 1, true, false, 11}, {0, 1, false, true, 9}};
+                                      {64, 1, true, false, 11}, {0, 1, false, true, 9},
+                                      {0, 2, true, false, 0, true}};
           for (const Variant& v : variants) {
             INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
                          << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
                          << " prefetch=" << v.level << " spread=" << v.spread
-                         << " panel_outer=" << v.panel_outer << " mr=" << v.mr);
+                         << " panel_outer=" << v.panel_outer << " mr=" << v.mr
+                         << " first=" << v.first);
             std::vector<float> out(want.size(), NAN);
             cpu::GemmProblem p;
             p.a = a.data();
@@ -157,6 +160,7 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
             p.pack_prefetch_spread = v.spread;
             p.panel_outer = v.panel_outer;
             p.mr = v.mr;
+            p.first_tile_prefetch = v.first;
             kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
             for (std::int64_t i = 0; i < c.m; ++i)
               for (std::int64_t j = 0; j < c.n; ++j) {

@@ -41,6 +41,9 @@ struct GemmProblem {
   // Rows per micro-tile, 0: the table's own (8 with AVX-512, 6 below); AVX-512 takes up to 12
   // (XSERV_CPU_GEMM_MR; measurement).
   int mr = 0;
+  // The first weight tile of a task prefetched into L2 whole before it is packed
+  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
+  bool first_tile_prefetch = false;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
