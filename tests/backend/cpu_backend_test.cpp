@@ -100,7 +100,7 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
     std::int64_t m, k, n, n0, n1;
   };
   const Case cases[] = {{9, 300, 70, 0, 70}, {21, 523, 100, 32, 100}, {128, 260, 40, 0, 40},
-                        {17, 5, 33, 0, 33}};
+                        {17, 5, 33, 0, 33}, {10, 0, 20, 0, 20}};
   std::vector<float> scratch_store(static_cast<std::size_t>(cpu::gemm_scratch_floats + 16));
   float* scratch = reinterpret_cast<float*>(
       (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
@@ -109,12 +109,19 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
       for (DType wt : kWeightTypes)
         for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
           const bool out_in = layout == WeightLayout::out_in;
+          // The epilogue rides on the first K tile: with a bias and beta = 1 on out_in weights,
+          // without either on in_out ones.
+          const float beta = out_in ? 1.0f : 0.0f;
           auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
           auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+          auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+          const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
           std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
           for (std::int64_t i = 0; i < c.m; ++i)
             for (std::int64_t j = c.n0; j < c.n1; ++j) {
-              double s = 0.0, s_abs = 0.0;
+              const auto o = static_cast<std::size_t>(i * c.n + j);
+              double s = out_in ? bias[static_cast<std::size_t>(j)] + beta * out0[o] : 0.0;
+              double s_abs = 0.0;
               for (std::int64_t k = 0; k < c.k; ++k) {
                 const double v = a[static_cast<std::size_t>(i * c.k + k)] *
                                  static_cast<double>(w.values[static_cast<std::size_t>(
@@ -144,7 +151,11 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
                          << " prefetch=" << v.level << " spread=" << v.spread
                          << " panel_outer=" << v.panel_outer << " mr=" << v.mr
                          << " first=" << v.first);
+            // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
             std::vector<float> out(want.size(), NAN);
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
+                out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
             cpu::GemmProblem p;
             p.a = a.data();
             p.m = c.m;
@@ -155,6 +166,8 @@ TEST_CASE("cpu prefill GEMM tile variants: K tiles, prefetch spread and loop ord
             p.layout = layout;
             p.out = out.data();
             p.ldo = c.n;
+            p.bias = out_in ? bias.data() : nullptr;
+            p.beta = beta;
             p.kc = v.kc;
             p.pack_prefetch = v.level;
             p.pack_prefetch_spread = v.spread;
