@@ -76,8 +76,13 @@ struct AttentionTask {
 // Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
 // packed panels are read a whole 512-bit register at a time).
 inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
+// A head's scores of one cache block take whole registers of the widest copy (16 floats).
+inline std::int64_t attention_scores_stride(std::int32_t block_size) noexcept {
+  return (std::int64_t{block_size} + 15) / 16 * 16;
+}
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
-  return static_cast<std::int64_t>(t.group) * t.kv_heads * (t.head_dim + t.block_size + 2);
+  return static_cast<std::int64_t>(t.group) * t.kv_heads *
+         (t.head_dim + attention_scores_stride(t.block_size) + 2);
 }
 
 struct KernelTable {
