@@ -55,16 +55,20 @@ struct GemmProblem {
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
 inline constexpr std::int64_t gemv_max_rows = 8;
 
-// Attention of one row's query heads of `kv_heads` consecutive KV groups over keys
-// [0, n_keys) of its sequence. Taking several kv heads per task turns the strided per-head cache
-// reads into contiguous runs of each slot (decode is bound by reading the cache).
+// Attention of `rows` query rows of one sequence at consecutive positions (row r over keys
+// [0, n_keys + r)), the query heads of `kv_heads` consecutive KV groups. Taking several kv heads
+// per task turns the strided per-head cache reads into contiguous runs of each slot (decode is
+// bound by reading the cache); several rows per task (prefill) read each K/V block once for all
+// of them instead of once per row.
 struct AttentionTask {
-  const float* q = nullptr;  // [kv_heads * group, head_dim], heads head_dim apart
-  float* out = nullptr;      // [kv_heads * group, head_dim]
+  const float* q = nullptr;  // row r: q + r * q_row_stride, [kv_heads * group, head_dim]
+  float* out = nullptr;      // row r: out + r * out_row_stride, [kv_heads * group, head_dim]
   std::int32_t group = 1;    // q heads sharing one kv head
   std::int32_t kv_heads = 1;
   std::int32_t head_dim = 0;
-  std::int32_t n_keys = 0;
+  std::int32_t n_keys = 0;   // of row 0
+  std::int32_t rows = 1;
+  std::int64_t q_row_stride = 0, out_row_stride = 0;
   const std::int32_t* block_table = nullptr;  // the sequence's blocks
   std::int32_t block_size = 0;
   const float* k_cache = nullptr;  // points at the first kv head of slot 0
@@ -81,7 +85,7 @@ inline std::int64_t attention_scores_stride(std::int32_t block_size) noexcept {
   return (std::int64_t{block_size} + 15) / 16 * 16;
 }
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
-  return static_cast<std::int64_t>(t.group) * t.kv_heads *
+  return static_cast<std::int64_t>(t.rows) * t.group * t.kv_heads *
          (t.head_dim + attention_scores_stride(t.block_size) + 2);
 }
 
