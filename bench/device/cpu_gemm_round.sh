@@ -77,10 +77,16 @@ ROWS="base:gpt2:8:-  this:gpt2:8:-  this:gpt2:8:$n1:$e1  this:gpt2:8:$n2:$e2;
 grep '^| \(this\|base\)' "$OUT/rows.md" | tee -a "$OUT/summary.md"
 stamp "prefills measured"
 
-# Where a GPT-2 decode step goes at 8 threads (and its prefill), default kernels.
+# Where a GPT-2 decode step goes at 8 threads (and its prefill), default kernels; main's prefill.
 taskset -c 0-7 $B/generate_bench --dummy-weights --config bench/configs/gpt2.json --device cpu --threads 8 \
   --prompt-len 128 --gen-len 32 --repeat 1 --profile >"$OUT/profile_gpt2_8.txt" 2>&1
+[ -x /tmp/bbase/bench/generate_bench ] && taskset -c 0-7 /tmp/bbase/bench/generate_bench --dummy-weights \
+  --config bench/configs/gpt2.json --device cpu --threads 8 --prompt-len 128 --gen-len 4 --repeat 1 --profile \
+  >"$OUT/profile_gpt2_8_main.txt" 2>&1
 stamp profiled
 (cd "$OUT" && tar czf raw.tgz g1_* g8_* probe && rm -rf g1_* g8_* probe)
 cat "$OUT/summary.md"
+for f in profile_gpt2_8 profile_gpt2_8_main; do
+  [ -f "$OUT/$f.txt" ] && { echo "## $f"; sed -n '/^profile of the prefill/,/^| all ops/p' "$OUT/$f.txt" | head -14; }
+done
 sed -n '/^profile of the decode/,/^| all ops/p' "$OUT/profile_gpt2_8.txt"
