@@ -37,34 +37,20 @@ float* gemm_scratch() {
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
 }
 
-// How the prefill GEMM prefetches the next weight tile (GemmProblem::pack_prefetch and
-// pack_prefetch_spread): XSERV_CPU_GEMM_PREFETCH=l1 (into L1 and L2) or l2 (L2 only), a slice of
-// the tile's runs per row step; l1s / l2s the same spread over the micro-kernel calls; off none.
-struct GemmPrefetch {
-  int level = 2;
-  bool spread = false;
-};
-GemmPrefetch gemm_prefetch() {
-  static const GemmPrefetch chosen = [] {
+// XSERV_CPU_GEMM_PREFETCH: where the prefill GEMM prefetches the next weight tile while it
+// multiplies the current one (GemmProblem::pack_prefetch): l2 (the default) into L2 only
+// (prefetcht1), l1 into L1 and L2 (the rule before 2026-12-02), off nowhere. Measured on the
+// GPU machine's Xeon (docs/benchmarks.md, issue 16, 2026-12-02; 8 threads, 3 interleaved runs,
+// medians): GPT-2 f32 prefill 2328 tok/s with l1, 2721 with l2, 2490 with off; Qwen3-0.6B bf16
+// 548 / 547. A whole f32 tile (up to 128 KB) pulled through the 48 KB L1 evicted the panel and
+// the A rows being multiplied; with L3-resident weights (cpu_ops_bench) the three are alike.
+int gemm_prefetch() {
+  static const int level = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_PREFETCH");
     const std::string_view s(v ? v : "");
-    if (s == "l2") return GemmPrefetch{1, false};
-    if (s == "off") return GemmPrefetch{0, false};
-    if (s == "l1s") return GemmPrefetch{2, true};
-    if (s == "l2s") return GemmPrefetch{1, true};
-    return GemmPrefetch{2, false};
+    return s == "l1" ? 2 : s == "off" ? 0 : 1;
   }();
-  return chosen;
-}
-
-// Measurement: XSERV_CPU_GEMM_ORDER=panels runs every row step over one packed panel before the
-// next panel (GemmProblem::panel_outer); rows (the default) every panel per row step.
-bool gemm_panel_outer() {
-  static const bool panels = [] {
-    const char* v = std::getenv("XSERV_CPU_GEMM_ORDER");
-    return v && std::string_view(v) == "panels";
-  }();
-  return panels;
+  return level;
 }
 
 // XSERV_CPU_GEMV_PREFETCH=l1 (the next rows into L1 only, as before the L2 prefetch existed),
@@ -90,24 +76,6 @@ GemvPrefetch gemv_prefetch() {
     return parse_gemv_prefetch(std::getenv("XSERV_CPU_GEMV_PREFETCH"), d);
   }();
   return chosen;
-}
-
-// Measurement: XSERV_CPU_GEMM_MR=N rows per micro-tile (GemmProblem::mr; AVX-512 up to 12).
-int gemm_mr() {
-  static const int mr = [] {
-    const char* v = std::getenv("XSERV_CPU_GEMM_MR");
-    return v ? std::clamp(std::atoi(v), 0, 64) : 0;
-  }();
-  return mr;
-}
-
-// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch).
-bool gemm_first_tile_prefetch() {
-  static const bool on = [] {
-    const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
-    return v && std::string_view(v) == "l2";
-  }();
-  return on;
 }
 
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
@@ -176,11 +144,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.out = out.as<float>();
   p.ldo = ldo;
   p.kc = gemm_kc();
-  p.pack_prefetch = gemm_prefetch().level;
-  p.pack_prefetch_spread = gemm_prefetch().spread;
-  p.panel_outer = gemm_panel_outer();
-  p.mr = gemm_mr();
-  p.first_tile_prefetch = gemm_first_tile_prefetch();
+  p.pack_prefetch = gemm_prefetch();
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;

@@ -29,21 +29,8 @@ struct GemmProblem {
   bool gelu = false;     // then out = gelu_tanh(out) (GPT-2's MLP up projection, fused)
   std::int64_t kc = 0;   // packed weight tile depth, 0: the kernel's own (XSERV_CPU_GEMM_KC)
   // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
-  // 1 L2 only, 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off; measurement).
-  int pack_prefetch = 2;
-  // That prefetch spread evenly over the current tile's micro-kernel calls, a few lines every 8
-  // k steps, instead of a slice of runs per row step (XSERV_CPU_GEMM_PREFETCH=l1s|l2s).
-  bool pack_prefetch_spread = false;
-  // Micro-kernel order in a tile: false, every panel for one row step, then the next row step
-  // (the A rows stay in L1, the panels stream from L2); true, every row step for one panel (the
-  // panel stays in L1, the A rows stream) (XSERV_CPU_GEMM_ORDER=rows|panels).
-  bool panel_outer = false;
-  // Rows per micro-tile, 0: the table's own (8 with AVX-512, 6 below); AVX-512 takes up to 12
-  // (XSERV_CPU_GEMM_MR; measurement).
-  int mr = 0;
-  // The first weight tile of a task prefetched into L2 whole before it is packed
-  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
-  bool first_tile_prefetch = false;
+  // 1 L2 only (the backend's default), 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off).
+  int pack_prefetch = 1;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
