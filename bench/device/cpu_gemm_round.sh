@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16 on the GPU machine's CPU, one round request (scripts/device_round.sh): the prefill
-# GEMM's variants (XSERV_CPU_GEMM_PREFETCH / ORDER / MR / KC, each read once per process) against
+# GEMM's variants (XSERV_CPU_GEMM_PREFETCH / KC, each read once per process) against
 # the default in one CPU-only build (and main's, BASE_TGZ), then whole prefills with the best two,
 # then a GPT-2 decode profile.
-# (XSERV_CPU_GEMM_FIRST=l2: each task's first weight tile prefetched into L2 whole.)
 #   OUT=... bash bench/device/cpu_gemm_round.sh        (from the repository root)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -40,11 +39,9 @@ B=/tmp/b/bench
 
 # GEMMs alone, M = 128: GPT-2 f32 out_in (5 qkv, 6 attn_out, 7 mlp_up, 8 mlp_down) and Qwen3
 # gate_up bf16 (10); 1 thread also GPT-2 qkv at M = 512 (the packing amortised 4x more).
-V=("this:" "l2:XSERV_CPU_GEMM_PREFETCH=l2" "off:XSERV_CPU_GEMM_PREFETCH=off" "l1s:XSERV_CPU_GEMM_PREFETCH=l1s"
-   "l2s:XSERV_CPU_GEMM_PREFETCH=l2s" "pan:XSERV_CPU_GEMM_ORDER=panels" "pan_l1s:XSERV_CPU_GEMM_ORDER=panels,XSERV_CPU_GEMM_PREFETCH=l1s"
-   "mr12:XSERV_CPU_GEMM_MR=12" "mr12_l1s:XSERV_CPU_GEMM_MR=12,XSERV_CPU_GEMM_PREFETCH=l1s" "kc128:XSERV_CPU_GEMM_KC=128"
-   "kc128_pan:XSERV_CPU_GEMM_KC=128,XSERV_CPU_GEMM_ORDER=panels" "mr12_l2s:XSERV_CPU_GEMM_MR=12,XSERV_CPU_GEMM_PREFETCH=l2s"
-   "first:XSERV_CPU_GEMM_FIRST=l2" "first_l1s:XSERV_CPU_GEMM_FIRST=l2,XSERV_CPU_GEMM_PREFETCH=l1s")
+# (Round 1 of 2026-12-02 also ran XSERV_CPU_GEMM_PREFETCH=l1s|l2s, _ORDER=panels, _MR=12 and
+# _FIRST=l2, since removed: docs/benchmarks.md.)
+V=("this:" "l1:XSERV_CPU_GEMM_PREFETCH=l1" "off:XSERV_CPU_GEMM_PREFETCH=off" "kc128:XSERV_CPU_GEMM_KC=128")
 gf() { grep '^BM_gemm' "$1" | awk '{ for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) { v = substr($i, 9); sub(/\/s/, "", v); printf "%.0f ", v } }'; }
 echo "| variant | 1 thread: qkv attn_out mlp_up mlp_down q3_gate_up(bf16) qkv@512 | 8 threads: qkv attn_out mlp_up mlp_down q3_gate_up | 8-thread GPT-2 mean |" | tee -a "$OUT/summary.md"
 [ -n "$base_pid" ] && V=("main:" "${V[@]}")
