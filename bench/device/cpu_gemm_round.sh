@@ -39,9 +39,10 @@ B=/tmp/b/bench
 
 # GEMMs alone, M = 128: GPT-2 f32 out_in (5 qkv, 6 attn_out, 7 mlp_up, 8 mlp_down) and Qwen3
 # gate_up bf16 (10); 1 thread also GPT-2 qkv at M = 512 (the packing amortised 4x more).
-# (Round 1 of 2026-12-02 also ran XSERV_CPU_GEMM_PREFETCH=l1s|l2s, _ORDER=panels, _MR=12 and
-# _FIRST=l2, since removed: docs/benchmarks.md.)
-V=("this:" "l1:XSERV_CPU_GEMM_PREFETCH=l1" "off:XSERV_CPU_GEMM_PREFETCH=off" "kc128:XSERV_CPU_GEMM_KC=128")
+# (The calls of 2026-12-02 also ran XSERV_CPU_GEMM_PREFETCH=l1s|l2s, _ORDER=panels and _MR=12,
+# since removed: docs/benchmarks.md.)
+V=("this:" "l1:XSERV_CPU_GEMM_PREFETCH=l1" "off:XSERV_CPU_GEMM_PREFETCH=off" "kc128:XSERV_CPU_GEMM_KC=128"
+   "first:XSERV_CPU_GEMM_FIRST=l2")
 gf() { grep '^BM_gemm' "$1" | awk '{ for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) { v = substr($i, 9); sub(/\/s/, "", v); printf "%.0f ", v } }'; }
 echo "| variant | 1 thread: qkv attn_out mlp_up mlp_down q3_gate_up(bf16) qkv@512 | 8 threads: qkv attn_out mlp_up mlp_down q3_gate_up | 8-thread GPT-2 mean |" | tee -a "$OUT/summary.md"
 [ -n "$base_pid" ] && V=("main:" "${V[@]}")

@@ -89,8 +89,8 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   }
 }
 
-// The prefill GEMM's tile loop with each K tile depth and prefetch level (GemmProblem's kc and
-// pack_prefetch; the backend reads them from XSERV_CPU_GEMM_KC / _PREFETCH once per process),
+// The prefill GEMM's tile loop with each K tile depth and prefetch (GemmProblem's kc,
+// pack_prefetch, first_tile_prefetch; the backend reads them from XSERV_CPU_GEMM_* once),
 // called on every kernel table directly: several K tiles (K > kc), a short last K tile, ragged
 // rows and panels, no K at all, a prefetch that runs on into the next column tile, and the
 // epilogue (bias, beta) that the first K tile writes.
@@ -135,12 +135,13 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
           struct Variant {
             std::int64_t kc;
             int level;
+            bool first = false;
           };
-          const Variant variants[] = {{0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}};
+          const Variant variants[] = {{0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}};
           for (const Variant& v : variants) {
             INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
                          << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
-                         << " prefetch=" << v.level);
+                         << " prefetch=" << v.level << " first=" << v.first);
             // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
             std::vector<float> out(want.size(), NAN);
             for (std::int64_t i = 0; i < c.m; ++i)
@@ -160,6 +161,7 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
             p.beta = beta;
             p.kc = v.kc;
             p.pack_prefetch = v.level;
+            p.first_tile_prefetch = v.first;
             kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
             for (std::int64_t i = 0; i < c.m; ++i)
               for (std::int64_t j = 0; j < c.n; ++j) {

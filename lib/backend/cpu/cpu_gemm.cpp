@@ -78,6 +78,15 @@ GemvPrefetch gemv_prefetch() {
   return chosen;
 }
 
+// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch).
+bool gemm_first_tile_prefetch() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
+    return v && std::string_view(v) == "l2";
+  }();
+  return on;
+}
+
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
 // instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
 std::int64_t gemm_kc() {
@@ -145,6 +154,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.ldo = ldo;
   p.kc = gemm_kc();
   p.pack_prefetch = gemm_prefetch();
+  p.first_tile_prefetch = gemm_first_tile_prefetch();
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;

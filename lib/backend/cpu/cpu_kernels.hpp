@@ -31,6 +31,9 @@ struct GemmProblem {
   // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
   // 1 L2 only (the backend's default), 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off).
   int pack_prefetch = 1;
+  // The first weight tile of a task prefetched into L2 whole before it is packed
+  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
+  bool first_tile_prefetch = false;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
