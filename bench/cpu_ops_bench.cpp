@@ -145,6 +145,44 @@ void BM_attention_decode(benchmark::State& state) {
 }
 BENCHMARK(BM_attention_decode)->Args({1, 1024})->Args({8, 512})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// Prefill attention: one sequence of `rows` new tokens attending causally to themselves (the
+// cache holds their K/V), GPT-2 heads (12 x 64); GFLOP/s counts QK and PV of every (row, key).
+void BM_attention_prefill(benchmark::State& state) {
+  const std::int32_t rows = static_cast<std::int32_t>(state.range(0));
+  const HeadGeometry heads{12, 12, 64};
+  const std::int32_t bs = 16, blocks = (rows + bs - 1) / bs;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> kc(static_cast<std::size_t>(blocks) * bs * 12 * 64), vc(kc.size());
+  for (auto& x : kc) x = dist(rng);
+  for (auto& x : vc) x = dist(rng);
+  ForwardBatch b;
+  for (std::int32_t t = 0; t < rows; ++t) {
+    b.token_ids.push_back(0);
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(t);
+  }
+  b.query_start = {0, rows};
+  b.context_lens.push_back(rows);
+  for (std::int32_t j = 0; j < blocks; ++j) b.block_tables.push_back(j);
+  b.max_blocks_per_seq = blocks;
+  std::vector<float> qkv(static_cast<std::size_t>(rows * heads.qkv_width()));
+  for (auto& x : qkv) x = dist(rng);
+  std::vector<float> out(static_cast<std::size_t>(rows) * 768);
+  auto& be = backend(true);
+  const DeviceBatch db = be.upload_batch(b);
+  const Shape cs{blocks, bs, 12, 64};
+  const KvLayer cache{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  for (auto _ : state) {
+    be.attention(Tensor(out.data(), DType::f32, {rows, 768}),
+                 Tensor(qkv.data(), DType::f32, {rows, heads.qkv_width()}), heads, db, cache, 0.125f);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double pairs = 0.5 * rows * (rows + 1.0);
+  state.counters["GFLOP/s"] = benchmark::Counter(pairs * 12 * 64 * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_attention_prefill)->Arg(128)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // LayerNorm of a prefill's rows (GPT-2: 128 x 768), as the layers run it (no residual).
 void BM_layer_norm(benchmark::State& state) {
   const std::int64_t rows = state.range(0), d = state.range(1);

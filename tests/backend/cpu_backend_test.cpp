@@ -89,6 +89,94 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
   }
 }
 
+// The prefill GEMM's tile loop with each K tile depth and prefetch (GemmProblem's kc,
+// pack_prefetch, first_tile_prefetch; the backend reads them from XSERV_CPU_GEMM_* once),
+// called on every kernel table directly: several K tiles (K > kc), a short last K tile, ragged
+// rows and panels, no K at all, a prefetch that runs on into the next column tile, and the
+// epilogue (bias, beta) that the first K tile writes.
+TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilogue", "[cpu]") {
+  std::mt19937 rng(7);
+  struct Case {
+    std::int64_t m, k, n, n0, n1;
+  };
+  const Case cases[] = {{9, 300, 70, 0, 70}, {21, 523, 100, 32, 100}, {128, 260, 40, 0, 40},
+                        {17, 5, 33, 0, 33}, {10, 0, 20, 0, 20}};
+  std::vector<float> scratch_store(static_cast<std::size_t>(cpu::gemm_scratch_floats + 16));
+  float* scratch = reinterpret_cast<float*>(
+      (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
+  for (const auto* kt : cpu::supported_kernels())
+    for (const auto& c : cases)
+      for (DType wt : kWeightTypes)
+        for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+          const bool out_in = layout == WeightLayout::out_in;
+          // The epilogue rides on the first K tile: with a bias and beta = 1 on out_in weights,
+          // without either on in_out ones.
+          const float beta = out_in ? 1.0f : 0.0f;
+          auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+          auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+          auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+          const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
+          std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
+          for (std::int64_t i = 0; i < c.m; ++i)
+            for (std::int64_t j = c.n0; j < c.n1; ++j) {
+              const auto o = static_cast<std::size_t>(i * c.n + j);
+              double s = out_in ? bias[static_cast<std::size_t>(j)] + beta * out0[o] : 0.0;
+              double s_abs = 0.0;
+              for (std::int64_t k = 0; k < c.k; ++k) {
+                const double v = a[static_cast<std::size_t>(i * c.k + k)] *
+                                 static_cast<double>(w.values[static_cast<std::size_t>(
+                                     out_in ? j * c.k + k : k * c.n + j)]);
+                s += v;
+                s_abs += std::abs(v);
+              }
+              want[static_cast<std::size_t>(i * c.n + j)] = s;
+              mag[static_cast<std::size_t>(i * c.n + j)] = s_abs + 1.0;
+            }
+          struct Variant {
+            std::int64_t kc;
+            int level;
+            bool first = false;
+          };
+          const Variant variants[] = {{0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}};
+          for (const Variant& v : variants) {
+            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
+                         << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
+                         << " prefetch=" << v.level << " first=" << v.first);
+            // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
+            std::vector<float> out(want.size(), NAN);
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
+                out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
+            cpu::GemmProblem p;
+            p.a = a.data();
+            p.m = c.m;
+            p.k = c.k;
+            p.n = c.n;
+            p.w = w.tensor(out_in ? Shape{c.n, c.k} : Shape{c.k, c.n}).data;
+            p.w_dtype = wt;
+            p.layout = layout;
+            p.out = out.data();
+            p.ldo = c.n;
+            p.bias = out_in ? bias.data() : nullptr;
+            p.beta = beta;
+            p.kc = v.kc;
+            p.pack_prefetch = v.level;
+            p.first_tile_prefetch = v.first;
+            kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = 0; j < c.n; ++j) {
+                const auto o = static_cast<std::size_t>(i * c.n + j);
+                if (j < c.n0 || j >= c.n1) {  // outside the tile: untouched
+                  REQUIRE(std::isnan(out[o]));
+                  continue;
+                }
+                INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
+                REQUIRE(std::abs(out[o] - want[o]) <= 2e-6 * mag[o]);
+              }
+          }
+        }
+}
+
 TEST_CASE("cpu layer_norm_gemm with the GELU fused equals the three ops one by one", "[cpu]") {
   // The CPU backend applies the GELU inside the GEMM (each output tile as it is finished, or at
   // the GEMV's store); Backend::layer_norm_gemm runs layer_norm, gemm and gelu separately.

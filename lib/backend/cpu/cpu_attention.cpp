@@ -180,13 +180,29 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   const std::int64_t kv_bytes = keys * 2 * heads.n_kv_heads * d * std::int64_t{sizeof(float)};
   const auto workers = std::clamp<std::int64_t>(kv_bytes / min_parallel_bytes(), 1,
                                                 static_cast<std::int64_t>(pool_.size()));
-  // Tasks are (row, range of kv heads): all heads of a row in one task reads each cached slot
-  // as one contiguous run, so rows are split into head ranges only as far as needed to give
-  // every thread work (decode of a few sequences).
+  // Row blocks: up to 4 rows of one sequence at consecutive positions (a prefill), which read
+  // each K/V block once for all of them (one row at a time, a 128-token prefill read its whole
+  // cache once per row); a decode row is a block of its own.
+  constexpr std::int64_t block_rows = 4;
+  std::vector<std::int32_t> block_start;
+  block_start.reserve(static_cast<std::size_t>(t_count));
+  for (std::int64_t t = 0; t < t_count;) {
+    std::int64_t e = t + 1;
+    while (e < t_count && e - t < block_rows && row_seq[static_cast<std::size_t>(e)] ==
+           row_seq[static_cast<std::size_t>(t)] && pos[e] == pos[e - 1] + 1)
+      ++e;
+    block_start.push_back(static_cast<std::int32_t>(t));
+    t = e;
+  }
+  const auto n_blocks = static_cast<std::int64_t>(block_start.size());
+  block_start.push_back(static_cast<std::int32_t>(t_count));
+  // Tasks are (row block, range of kv heads): all heads of a row in one task reads each cached
+  // slot as one contiguous run, so blocks are split into head ranges only as far as needed to
+  // give every thread work (decode of a few sequences).
   const std::int64_t splits =
-      std::clamp<std::int64_t>((2 * workers + t_count - 1) / std::max<std::int64_t>(t_count, 1),
+      std::clamp<std::int64_t>((2 * workers + n_blocks - 1) / std::max<std::int64_t>(n_blocks, 1),
                                1, heads.n_kv_heads);
-  const std::int64_t tasks = t_count * splits;
+  const std::int64_t tasks = n_blocks * splits;
   // Tasks are dealt round-robin: in a prefill later rows see more keys, so contiguous ranges
   // would leave the first threads idle.
   pool_.parallel_for(static_cast<std::size_t>(std::min(workers, tasks)),
@@ -194,7 +210,8 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     std::vector<float> scratch;
     for (auto w = static_cast<std::int64_t>(b); w < static_cast<std::int64_t>(e); ++w)
       for (std::int64_t task = w; task < tasks; task += workers) {
-        const std::int64_t t = task / splits, part = task % splits;
+        const std::int64_t blk = task / splits, part = task % splits;
+        const std::int64_t t = block_start[static_cast<std::size_t>(blk)];
         const std::int64_t h = heads.n_kv_heads * part / splits;
         const std::int64_t h_end = heads.n_kv_heads * (part + 1) / splits;
         const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
@@ -205,6 +222,9 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
         at.kv_heads = static_cast<std::int32_t>(h_end - h);
         at.head_dim = heads.head_dim;
         at.n_keys = pos[t] + 1;
+        at.rows = block_start[static_cast<std::size_t>(blk) + 1] - static_cast<std::int32_t>(t);
+        at.q_row_stride = width;
+        at.out_row_stride = q_width;
         at.block_table = tables + s * max_blocks;
         at.block_size = bs;
         at.k_cache = cache.k.as<const float>() + h * d;

@@ -37,14 +37,18 @@ float* gemm_scratch() {
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
 }
 
-// Measurement only: XSERV_CPU_GEMM_PREFETCH=l2 prefetches the next weight tile into L2 only,
-// off not at all; default l1, into L1 and L2 (GemmProblem::pack_prefetch).
+// XSERV_CPU_GEMM_PREFETCH: where the prefill GEMM prefetches the next weight tile while it
+// multiplies the current one (GemmProblem::pack_prefetch): l2 (the default) into L2 only
+// (prefetcht1), l1 into L1 and L2 (the rule before 2026-12-02), off nowhere. Measured on the
+// GPU machine's Xeon (docs/benchmarks.md, issue 16, 2026-12-02; 8 threads, 3 interleaved runs,
+// medians): GPT-2 f32 prefill 2328 tok/s with l1, 2721 with l2, 2490 with off; Qwen3-0.6B bf16
+// 548 / 547. A whole f32 tile (up to 128 KB) pulled through the 48 KB L1 evicted the panel and
+// the A rows being multiplied; with L3-resident weights (cpu_ops_bench) the three are alike.
 int gemm_prefetch() {
   static const int level = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_PREFETCH");
-    if (!v) return 2;
-    const std::string_view s(v);
-    return s == "l2" ? 1 : s == "off" ? 0 : 2;
+    const std::string_view s(v ? v : "");
+    return s == "l1" ? 2 : s == "off" ? 0 : 1;
   }();
   return level;
 }
@@ -72,6 +76,15 @@ GemvPrefetch gemv_prefetch() {
     return parse_gemv_prefetch(std::getenv("XSERV_CPU_GEMV_PREFETCH"), d);
   }();
   return chosen;
+}
+
+// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch).
+bool gemm_first_tile_prefetch() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
+    return v && std::string_view(v) == "l2";
+  }();
+  return on;
 }
 
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
@@ -141,6 +154,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.ldo = ldo;
   p.kc = gemm_kc();
   p.pack_prefetch = gemm_prefetch();
+  p.first_tile_prefetch = gemm_first_tile_prefetch();
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;

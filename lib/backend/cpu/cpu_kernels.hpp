@@ -29,8 +29,11 @@ struct GemmProblem {
   bool gelu = false;     // then out = gelu_tanh(out) (GPT-2's MLP up projection, fused)
   std::int64_t kc = 0;   // packed weight tile depth, 0: the kernel's own (XSERV_CPU_GEMM_KC)
   // The next weight tile is prefetched during the current one's multiply into: 2 L1 and L2,
-  // 1 L2 only, 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off; measurement).
-  int pack_prefetch = 2;
+  // 1 L2 only (the backend's default), 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off).
+  int pack_prefetch = 1;
+  // The first weight tile of a task prefetched into L2 whole before it is packed
+  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
+  bool first_tile_prefetch = false;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
@@ -42,16 +45,20 @@ struct GemmProblem {
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
 inline constexpr std::int64_t gemv_max_rows = 8;
 
-// Attention of one row's query heads of `kv_heads` consecutive KV groups over keys
-// [0, n_keys) of its sequence. Taking several kv heads per task turns the strided per-head cache
-// reads into contiguous runs of each slot (decode is bound by reading the cache).
+// Attention of `rows` query rows of one sequence at consecutive positions (row r over keys
+// [0, n_keys + r)), the query heads of `kv_heads` consecutive KV groups. Taking several kv heads
+// per task turns the strided per-head cache reads into contiguous runs of each slot (decode is
+// bound by reading the cache); several rows per task (prefill) read each K/V block once for all
+// of them instead of once per row.
 struct AttentionTask {
-  const float* q = nullptr;  // [kv_heads * group, head_dim], heads head_dim apart
-  float* out = nullptr;      // [kv_heads * group, head_dim]
+  const float* q = nullptr;  // row r: q + r * q_row_stride, [kv_heads * group, head_dim]
+  float* out = nullptr;      // row r: out + r * out_row_stride, [kv_heads * group, head_dim]
   std::int32_t group = 1;    // q heads sharing one kv head
   std::int32_t kv_heads = 1;
   std::int32_t head_dim = 0;
-  std::int32_t n_keys = 0;
+  std::int32_t n_keys = 0;   // of row 0
+  std::int32_t rows = 1;
+  std::int64_t q_row_stride = 0, out_row_stride = 0;
   const std::int32_t* block_table = nullptr;  // the sequence's blocks
   std::int32_t block_size = 0;
   const float* k_cache = nullptr;  // points at the first kv head of slot 0
@@ -63,8 +70,13 @@ struct AttentionTask {
 // Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
 // packed panels are read a whole 512-bit register at a time).
 inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
+// A head's scores of one cache block take whole registers of the widest copy (16 floats).
+inline std::int64_t attention_scores_stride(std::int32_t block_size) noexcept {
+  return (std::int64_t{block_size} + 15) / 16 * 16;
+}
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
-  return static_cast<std::int64_t>(t.group) * t.kv_heads * (t.head_dim + t.block_size + 2);
+  return static_cast<std::int64_t>(t.rows) * t.group * t.kv_heads *
+         (t.head_dim + attention_scores_stride(t.block_size) + 2);
 }
 
 struct KernelTable {
