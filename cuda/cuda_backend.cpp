@@ -218,11 +218,6 @@ class CudaBackend final : public Backend {
   Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
   PinnedBuffer sample_host_;
   Buffer sample_device_;
-  // sample() copies its inputs on copy_stream_ while the forward runs, so the copy is not one
-  // more step on the decode's critical path (XSERV_CUDA_SAMPLE_SIDE_COPY=0: on stream_, after it).
-  cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t sample_inputs_copied_ = nullptr;
-  bool sample_side_copy_ = true;
   PinnedBuffer logprobs_host_;
   Buffer logprobs_device_;
   Buffer token_counts_;
@@ -289,9 +284,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
-  XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-  XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&sample_inputs_copied_, cudaEventDisableTiming));
-  if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_SIDE_COPY")) sample_side_copy_ = std::string_view(env) != "0";
   // cuBLASLt algorithms of the batched-decode row buckets timed during the load's warm-up
   // (cuda/gemm.hpp; off by default, measured no faster): XSERV_CUDA_GEMM_TUNE=N times the
   // heuristic's first N (0: the heuristic's first everywhere), XSERV_CUDA_GEMM_TUNE_SPLITK=0
@@ -318,9 +310,6 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   for (auto e : staging_events_) (void)cudaEventDestroy(e);
   if (batch_copied_) (void)cudaEventDestroy(batch_copied_);
-  if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_);
-  if (sample_inputs_copied_) (void)cudaEventDestroy(sample_inputs_copied_);
-  if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
   // Buffers from work_ are released by their own destructors before work_ (declared earlier).
   transit_ = Buffer();
   batch_device_ = Buffer();
@@ -960,14 +949,7 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
   const std::int32_t* prompt_start = put(params.prompt_start, ps);
   const std::int32_t* output_tokens = put(params.output_tokens, ot);
   const std::int32_t* output_start = put(params.output_start, os);
-  // The previous sample() ended with a synchronize, so neither buffer is still in use.
-  if (sample_side_copy_) {
-    XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, copy_stream_));
-    XSERV_CUDA_CHECK(cudaEventRecord(sample_inputs_copied_, copy_stream_));
-    XSERV_CUDA_CHECK(cudaStreamWaitEvent(stream_, sample_inputs_copied_, 0));
-  } else {
-    XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream_));
-  }
+  XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream_));
   std::uint32_t* counts = nullptr;
   if (penalties) {
     ensure_scratch(token_counts_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab) * 4);
