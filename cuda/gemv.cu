@@ -18,6 +18,7 @@
 // W (and a for out_in); the caller falls back to cuBLASLt otherwise.
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "cuda/common.cuh"
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   }
 }
 
-// ---- One-row GEMV on bulk copies (bf16 by default; XSERV_CUDA_GEMV_BULK=0|1) ------------------
+// ---- One-row GEMV on bulk copies (XSERV_CUDA_GEMV_BULK=0 turns it off) -------------------------
 // The register kernel above keeps U x 16 bytes a lane in flight, so a weight of a few tens of MB
 // is streamed in a few dependent round trips per warp, each paying the full DRAM latency, and
 // only its first batch can go out before grid_dependency_wait. Here every warp owns a ring of
@@ -624,7 +625,7 @@ GemvTuning tuning_from_env() noexcept {
   };
   const char* bulk = std::getenv("XSERV_CUDA_GEMV_BULK");
   return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
-                    bulk ? get("XSERV_CUDA_GEMV_BULK") : -1};
+                    bulk == nullptr || std::string_view(bulk) != "0"};
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -691,9 +692,7 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
   } else {
     const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
     if constexpr (M == 1) {
-      const int bulk = gemv_tuning().bulk;
-      if ((bulk == 1 || (bulk < 0 && std::is_same_v<T, bf16>)) && k <= max_bulk_k &&
-          reinterpret_cast<std::uintptr_t>(a) % 16 == 0) {
+      if (gemv_tuning().bulk && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0) {
         launch_bulk<T, OutT>(stream, p, sm_count);
         return;
       }

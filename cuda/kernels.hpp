@@ -79,13 +79,12 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
 // bulk: plain one-row GEMVs with K up to max_bulk_k stream their weights through shared memory
-// with bulk copies (gemv_bulk_kernel in gemv.cu): 1 always, 0 never, -1 (the default) for bf16
-// weights, where it measured faster on every Qwen3 size (docs/benchmarks.md, "Decode GEMVs on
-// bulk copies"); XSERV_CUDA_GEMV_BULK=0|1.
+// with bulk copies (gemv_bulk_kernel in gemv.cu), measured faster on every Qwen3 size and GPT-2
+// (docs/benchmarks.md, "Decode GEMVs on bulk copies"); XSERV_CUDA_GEMV_BULK=0 turns it off.
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
-  int bulk = -1;
+  bool bulk = true;
 };
 constexpr int max_bulk_k = 16384;
 GemvTuning& gemv_tuning() noexcept;

@@ -443,7 +443,7 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
 }
 
 TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]") {
-  // gemv_bulk_kernel (forced for f32 too): rows of one chunk, of several with a 16-byte
+  // gemv_bulk_kernel (the default): rows of one chunk, of several with a 16-byte
   // tail, many rows a warp (n past the grid's warps), beta = 1 and f32 logits.
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -455,7 +455,7 @@ TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]")
   struct Reset {
     ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
   } reset;
-  cuda::gemv_tuning().bulk = 1;
+  cuda::gemv_tuning().bulk = true;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (int variant = 0; variant < 2; ++variant) {  // beta = 1 in dt, f32 out
@@ -498,7 +498,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split matches th
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (int wpr : {1, 2, 4, 8}) {
-        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, 0};
+        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, false};
         for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
