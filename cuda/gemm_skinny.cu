@@ -104,6 +104,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// Sum of squares of the 8 bf16 in v, in f32 (the RMSNorm statistics of the norm prologue).
+__device__ __forceinline__ float sum_squares(uint4 v) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    ss += f.x * f.x + f.y * f.y;
+  }
+  return ss;
+}
+
 // The Norm prologue (see the file head): returns once s_rstd[0..m) holds every row's rstd.
 __device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticket) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -115,13 +127,7 @@ __device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticke
       float ss = 0.0f;
 #pragma unroll 4
       for (int i = lane * 8; i < p.k; i += 256) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + i));
-        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          ss += f.x * f.x + f.y * f.y;
-        }
+        ss += sum_squares(__ldg(reinterpret_cast<const uint4*>(row + i)));
       }
       ss = warp_sum(ss);
       if (lane == 0) s_rstd[m] = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
@@ -137,13 +143,7 @@ __device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticke
     for (int m = warp; m < p.m; m += warps) {
       float ss = 0.0f;
       if (i < p.k) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * p.k + i));
-        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          ss += f.x * f.x + f.y * f.y;
-        }
+        ss += sum_squares(__ldg(reinterpret_cast<const uint4*>(p.a + static_cast<std::int64_t>(m) * p.k + i)));
       }
       ss = warp_sum(ss);
       if (lane == 0) p.stats[ticket * stat_rows + m] = ss;

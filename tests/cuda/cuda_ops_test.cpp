@@ -410,6 +410,17 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
         CHECK(static_cast<double>(same) >= 0.9 * static_cast<double>(separate.size()));
       };
       check_same(fused[0]);
+      // The same product through another backend on the same device (other fusion settings).
+      auto check_on = [&](Backend& b) {
+        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
+        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+        be.gpu->synchronize();
+        b.rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
+        b.synchronize();
+        const std::vector<float> got = be.read(pout);
+        require_close(got, want, 2.5e-2, 2e-2);
+        check_same(got);
+      };
       {
         // The activation fragments loaded a step ahead (read at every launch): the same products.
         const ScopedEnv ahead("XSERV_CUDA_SKINNY_ACT_AHEAD", "1");
@@ -419,25 +430,9 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
         const std::vector<float> got = be.read(aout);
         require_close(got, want, 2.5e-2, 2e-2);
         check_same(got);
-        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
-        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
-        be.gpu->synchronize();
-        unfused->rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
-        unfused->synchronize();
-        const std::vector<float> plain = be.read(pout);
-        require_close(plain, want, 2.5e-2, 2e-2);
-        check_same(plain);
+        check_on(*unfused);
       }
-      for (auto& b : one) {
-        Tensor pout = be.gpu_poisoned(dt, {c.m, c.n});
-        Tensor ph = be.gpu_poisoned(dt, {c.m, c.k}), py = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
-        be.gpu->synchronize();
-        b->rms_norm_gemm(pout, gx, gg, 1e-6f, gw, swiglu, ph, py);
-        b->synchronize();
-        const std::vector<float> got = be.read(pout);
-        require_close(got, want, 2.5e-2, 2e-2);
-        check_same(got);
-      }
+      for (auto& b : one) check_on(*b);
     }
   }
 }
