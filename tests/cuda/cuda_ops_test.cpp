@@ -437,63 +437,26 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
   }
 }
 
-TEST_CASE("cuda out_in GEMVs at one row on bulk copies match the CPU", "[cuda]") {
-  // gemv_bulk_kernel (the default): rows of one chunk, of several with a 16-byte
-  // tail, many rows a warp (n past the grid's warps), beta = 1 and f32 logits.
-  XSERV_REQUIRE_CUDA_DEVICE();
-  GpuCpu be;
-  std::mt19937 rng(35);
-  struct Case {
-    std::int64_t k, n;
-  };
-  const Case cases[] = {{64, 24}, {1024, 300}, {2056, 40}, {4104, 64}, {1024, 5000}, {16384, 16}};
-  struct Reset {
-    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
-  } reset;
-  cuda::gemv_tuning().bulk = true;
-  for (DType dt : kActs) {
-    for (const auto& c : cases) {
-      for (int variant = 0; variant < 2; ++variant) {  // beta = 1 in dt, f32 out
-        INFO(dtype_name(dt) << " k=" << c.k << " n=" << c.n << " variant=" << variant);
-        auto x = randn(rng, static_cast<std::size_t>(c.k));
-        auto w = randn(rng, static_cast<std::size_t>(c.n * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
-        auto out0 = randn(rng, static_cast<std::size_t>(c.n));
-        for (auto* v : {&x, &w, &out0}) round_through(*v, dt);
-        const DType out_dt = variant == 1 ? DType::f32 : dt;
-        const float beta = variant == 0 ? 1.0f : 0.0f;
-        std::vector<float> want = out0;
-        be.cpu.gemm(Tensor(want.data(), DType::f32, {1, c.n}), host_view(x, {1, c.k}), host_view(w, {c.n, c.k}),
-                    WeightLayout::out_in, Tensor(), beta, 0);
-        Tensor gout = beta != 0.0f ? be.gpu_tensor(out0, out_dt, {1, c.n}) : be.gpu_poisoned(out_dt, {1, c.n});
-        be.gpu->gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(w, dt, {c.n, c.k}), WeightLayout::out_in,
-                     Tensor(), beta, 0);
-        // As the register kernel's test: f32 sums in another order; bf16 output rounded once.
-        const bool exact_out = out_dt == DType::f32;
-        require_close(be.read(gout), want, exact_out ? (dt == DType::f32 ? 2e-5 : 1e-4) : 2.5e-2,
-                      exact_out ? 1e-4 : 2e-2);
-      }
-    }
-  }
-}
-
-TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split matches the CPU", "[cuda]") {
+TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bulk-copy kernel match the CPU", "[cuda]") {
   // The backend picks 1-8 warps per output column by shape (gemv.cu, warps_per_column); force
   // each split (gemv_tuning) on shapes where K is split unevenly or leaves warps without loads,
-  // plain (with beta = 1 and f32 logits) and with the norm prologue / SwiGLU epilogue.
+  // plain (with beta = 1 and f32 logits) and with the norm prologue / SwiGLU epilogue. wpr 0:
+  // the defaults, where plain products take gemv_bulk_kernel (rows of one 4 KB chunk, of several
+  // with a 16-byte tail, many rows a warp when n passes the grid's warps).
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(33);
   struct Case {
     std::int64_t k, n;
   };
-  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64}, {512, 300}, {64, 24}};
+  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64}, {512, 300}, {64, 24}, {2056, 40}, {1024, 5000}, {16384, 16}};
   struct Reset {
     ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
   } reset;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int wpr : {1, 2, 4, 8}) {
-        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, false};
+      for (int wpr : {1, 2, 4, 8, 0}) {
+        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, wpr == 0};
         for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
