@@ -150,9 +150,9 @@ inline int ceil_div(long long a, long long b) { return static_cast<int>((a + b -
 // ---- Programmatic dependent launch (Hopper) ---------------------------------------------------
 // A kernel launched with launch_pdl() may start while the kernel before it on the stream is still
 // running: its blocks become resident beside the previous kernel's and can fetch what does not
-// depend on it (the weights, into registers) before grid_dependency_wait(), which returns once the previous kernel has completed and its writes are
-// visible. Every kernel so launched must call grid_dependency_wait() before it reads or writes
-// activations.
+// depend on it (the weights) before grid_dependency_wait(), which returns once the previous
+// kernel has completed and its writes are visible. Every kernel so launched must call
+// grid_dependency_wait() before it reads or writes activations.
 // grid_dependency_wait() then lets the next kernel launch (griddepcontrol.launch_dependents), so at
 // most two kernels of a chain overlap: the one computing and the next one fetching its weights.
 // Triggering first thing instead (as before 2026-12-02) let a whole chain of waiting kernels

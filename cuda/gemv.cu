@@ -448,21 +448,39 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   }
 }
 
+// Whether a GEMV streaming `weight_bytes` takes programmatic dependent launch: large weights
+// launch plainly (pdl_gemv_max_bytes in kernels.hpp says why).
+bool gemv_pdl(std::int64_t weight_bytes) noexcept {
+  return pdl_enabled() && weight_bytes <= pdl_gemv_max_bytes();
+}
+
+// Whether gemv_bulk_kernel<T, OutT> can run on the current device: it was built for sm_90 or
+// later (below that its bulk copies and barriers compile to nothing), and its shared memory is
+// configured. Once per instantiation (a process drives devices of one kind).
 template <typename T, typename OutT>
-void launch_bulk(cudaStream_t stream, const OutInArgs<T>& p, int sm_count) {
-  const std::size_t smem = bulk_smem_bytes<T>(p.k);
-  static const bool configured = [] {
+bool bulk_usable() {
+  static const bool usable = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, gemv_bulk_kernel<T, OutT>) != cudaSuccess || attr.binaryVersion < 90) {
+      (void)cudaGetLastError();
+      return false;
+    }
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bulk_smem_bytes<T>(max_bulk_k))));
     return true;
   }();
-  (void)configured;
+  return usable;
+}
+
+template <typename T, typename OutT>
+void launch_bulk(cudaStream_t stream, const OutInArgs<T>& p, int sm_count) {
+  const std::size_t smem = bulk_smem_bytes<T>(p.k);
   // As many blocks as fit beside each other (two an SM at the 96 KB ring when the activation row
   // is small), at most one row a warp.
   const int per_sm = 2 * (smem + 1024) <= 228 * 1024 ? 2 : 1;  // 1 KB a block is the runtime's
   const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
-  launch_kernel(pdl_enabled() && static_cast<std::int64_t>(p.n) * p.k * static_cast<std::int64_t>(sizeof(T)) <= pdl_gemv_max_bytes(),
-                gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
+  launch_kernel(gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T))), gemv_bulk_kernel<T, OutT>,
+                dim3(blocks), dim3(warps * 32), smem, stream, p);
 }
 
 // The LayerNorm prologue of gemv_in_out_kernel: rows [M, k] of x normalised as norm.cu's
@@ -669,10 +687,9 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
-  // Large weights launch plainly (pdl_gemv_max_bytes in kernels.hpp says why).
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
-  launch_kernel(pdl_enabled() && weight_bytes <= pdl_gemv_max_bytes(), gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>,
-                grid, dim3(warps * 32), smem, stream, p);
+  launch_kernel(gemv_pdl(weight_bytes), gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>, grid, dim3(warps * 32), smem,
+                stream, p);
 }
 
 template <typename T, typename OutT, int M>
@@ -692,7 +709,8 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
   } else {
     const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
     if constexpr (M == 1) {
-      if (gemv_tuning().bulk && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0) {
+      if (gemv_tuning().bulk && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+          bulk_usable<T, OutT>()) {
         launch_bulk<T, OutT>(stream, p, sm_count);
         return;
       }
