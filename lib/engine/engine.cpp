@@ -138,6 +138,7 @@ Engine::Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer,
   bool async = model.backend().device().kind == DeviceKind::cuda;
   if (const char* env = std::getenv("XSERV_ASYNC_STEPS")) async = std::string_view(env) != "0";
   async_ = options_.async_steps.value_or(async) && runner_->supports_launch();
+  if (async_) runner_->enable_launch();
   publish_stats();
   if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });
 }

@@ -157,19 +157,26 @@ void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out
 Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader) {
   Backend& backend = model.backend();
   const DeviceBatch device_batch = backend.upload_batch(batch_);
-  if (batch_placeholders_) {
-    // Before the graph (whose recording reads token_ids from the same address every step).
-    backend.resolve_tokens(device_batch.token_ids,
-                           Tensor(sampled_ids_.data(), DType::i32,
-                                  {static_cast<std::int64_t>(last_rows_)}, backend.device()));
+  // Placeholder ids (an overlapped step's inputs) come from the last launch's ids on the device.
+  const Tensor sampled(sampled_ids_.data(), DType::i32,
+                       {static_cast<std::int64_t>(sampled_ids_.size() / 4)}, backend.device());
+  if (!decode_only) {
+    if (batch_placeholders_) backend.resolve_tokens(device_batch.token_ids, sampled);
+    return model.forward(device_batch, cache);
   }
-  if (!decode_only) return model.forward(device_batch, cache);
+  XSERV_CHECK(launches_ || !batch_placeholders_, ErrorCode::internal,
+              "engine: placeholder tokens while launches are off");
   // Same launch shapes every step at this (padded) size: the backend may record and replay
-  // (per rank; a recording holds that rank's collectives too).
+  // (per rank; a recording holds that rank's collectives too). With launches on, every decode
+  // recording starts with the placeholders' resolve (token_ids and the ids buffer keep their
+  // addresses): a no-op in a step without placeholders, and no kernel launch of its own before
+  // the graph in one with them.
   const auto size = batch_.num_seqs();
   Tensor logits;
-  backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size),
-                    [&] { logits = model.forward(device_batch, cache); });
+  backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size), [&] {
+    if (launches_) backend.resolve_tokens(device_batch.token_ids, sampled);
+    logits = model.forward(device_batch, cache);
+  });
   if (!leader) return logits;
   Tensor& kept = decode_logits_[size];
   if (logits.empty()) logits = kept;
@@ -205,10 +212,18 @@ bool ModelRunner::supports_launch() const noexcept {
   return group_ == nullptr && model_.backend().samples_async();
 }
 
+void ModelRunner::enable_launch() {
+  XSERV_CHECK(supports_launch(), ErrorCode::internal, "engine: this runner cannot launch steps");
+  if (launches_) return;
+  Backend& backend = model_.backend();
+  sampled_ids_ = Buffer(backend.allocator(), static_cast<std::size_t>(model_.max_logit_rows()) * 4);
+  launches_ = true;
+}
+
 bool ModelRunner::can_launch(const SchedulerOutput& out) const {
   // Pure decode steps without penalties (they read the output tokens on the host) or logprobs
   // (computed from the ids on the host); anything else runs through execute().
-  if (!supports_launch() || !out.decode_only()) return false;
+  if (!launches_ || !out.decode_only()) return false;
   for (const auto& c : out.chunks)
     if (c.seq->logprobs > 0 || c.seq->params->uses_penalties()) return false;
   return true;
@@ -221,8 +236,6 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   std::lock_guard lock(model_.forward_mutex());  // the workspace's logits, until sampled
   const Tensor logits = prepare_and_forward(out);
   const auto rows = static_cast<std::size_t>(logits.shape[0]);
-  const std::size_t bytes = static_cast<std::size_t>(model_.max_logit_rows()) * 4;
-  if (sampled_ids_.size() < bytes) sampled_ids_ = Buffer(backend.allocator(), bytes);
   const Tensor ids(sampled_ids_.data(), DType::i32, {static_cast<std::int64_t>(rows)},
                    backend.device());
   pending_.push_back({backend.sample_async(logits, sampling_, ids), rows});

@@ -57,9 +57,12 @@ class ModelRunner {
   void launch(const SchedulerOutput& out);
   std::vector<SampledToken> collect();
   std::size_t launched() const noexcept { return pending_.size(); }
-  // Whether this runner launches at all: one rank (the other ranks could not read the ids) on a
-  // backend that samples asynchronously.
+  // Whether this runner can launch at all: one rank (the other ranks could not read the ids) on
+  // a backend that samples asynchronously. enable_launch() turns launches on (the engine's
+  // async_steps), before the first step: from then on every decode recording resolves
+  // placeholders itself (see forward_rank).
   bool supports_launch() const noexcept;
+  void enable_launch();
 
   // Seconds the last execute() spent building the batch and sampling inputs on the host (the
   // rest of it is the upload, the forward, sampling and the wait for the ids).
@@ -98,7 +101,8 @@ class ModelRunner {
   // it before the step's own sampling overwrites it, in stream order) and, oldest first, the
   // tickets and row counts still to collect. batch_placeholders_: build_batch met placeholder
   // tokens, so the upload needs resolving against the last launch's `last_rows_` ids.
-  Buffer sampled_ids_;
+  bool launches_ = false;
+  Buffer sampled_ids_;  // max_logit_rows ids, allocated by enable_launch()
   struct Pending {
     std::uint64_t ticket = 0;
     std::size_t rows = 0;
