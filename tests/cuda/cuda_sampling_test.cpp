@@ -313,7 +313,7 @@ TEST_CASE("cuda logprobs match the CPU backend: chosen token and the top 20", "[
 // The overlapped engine steps' ops: sample_async gives sample()'s ids (two tickets open at once,
 // read in either order), leaves them on the device, and resolve_tokens puts them in place of the
 // negative placeholders of a token list.
-TEST_CASE("cuda sample_async gives the CPU ids, and resolve_tokens reads them on the device", "[cuda]") {
+TEST_CASE("cuda sample_async gives the CPU ids and resolve_tokens reads them on the device", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(5);

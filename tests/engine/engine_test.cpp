@@ -293,7 +293,7 @@ TEST_CASE("Engine: cancel mid-run ends the request and frees its blocks", "[engi
   CHECK_FALSE(engine.has_work());
 }
 
-TEST_CASE("Engine: overlapped steps give the synchronous events, ended samples' extra tokens dropped",
+TEST_CASE("Engine: overlapped steps give the synchronous events and drop the extra tokens of ended samples",
           "[engine]") {
   Fixture f(kTinyGpt2, 64);
   // Samples that end at different steps while others go on (stop ids taken from a first run,
