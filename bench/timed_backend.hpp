@@ -128,6 +128,18 @@ class TimedBackend final : public Backend {
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override {
     time("sample", [&] { inner_->sample(logits, params, out_ids); });
   }
+  std::uint64_t sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out) override {
+    std::uint64_t ticket = 0;
+    time("sample_async", [&] { ticket = inner_->sample_async(logits, params, ids_out); });
+    return ticket;
+  }
+  void wait_sampled(std::uint64_t ticket, std::int32_t* out_ids) override {
+    time("wait_sampled", [&] { inner_->wait_sampled(ticket, out_ids); });
+  }
+  void resolve_tokens(Tensor tokens, const Tensor& sampled) override {
+    time("resolve_tokens", [&] { inner_->resolve_tokens(tokens, sampled); });
+  }
+  bool samples_async() const noexcept override { return inner_->samples_async(); }
   void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override {
     time("logprobs", [&] {

@@ -160,6 +160,10 @@ class CudaBackend final : public Backend {
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
+  std::uint64_t sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out) override;
+  void wait_sampled(std::uint64_t ticket, std::int32_t* out_ids) override;
+  void resolve_tokens(Tensor tokens, const Tensor& sampled) override;
+  bool samples_async() const noexcept override { return true; }
   void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
   void run_graph(std::uint64_t key, const std::function<void()>& ops) override;
@@ -167,6 +171,10 @@ class CudaBackend final : public Backend {
   std::size_t recorded_graphs() const noexcept override { return graphs_.size(); }
 
  private:
+  // Enqueues sampling into ids_dev (null: the staging area's own ids) and the ids' copy to the
+  // host; returns the slot (index into sample_slots_) that wait_slot reads.
+  std::size_t enqueue_sample(Tensor logits, const SamplingBatch& params, std::int32_t* ids_dev);
+  void wait_slot(std::size_t slot, std::int32_t* out_ids);
   void stage_to_device(char* dst, const char* src, std::size_t bytes);
   void host_copy(char* dst, const char* src, std::size_t bytes);
   // gemv_partial_ and gemv_tickets_ sized for an in_out GEMV of that shape (launch_gemv).
@@ -216,7 +224,18 @@ class CudaBackend final : public Backend {
   Buffer split_scratch_;
   Buffer attention_tickets_;  // AttentionParams::tickets of the decode attention (kept zeroed)
   Buffer gemv_partial_, gemv_tickets_;  // split-K partials and per-tile tickets (kept zeroed)
-  PinnedBuffer sample_host_;
+  // Sampling inputs go up and ids come down through a staging slot: pinned memory and the event
+  // after its last copy. A slot stays busy from enqueue_sample until its ids are read, so the
+  // host never rewrites memory a pending copy still reads while steps overlap (sample_async);
+  // the synchronous sample() takes and frees one the same way.
+  struct SampleSlot {
+    PinnedBuffer host;
+    cudaEvent_t done = nullptr;
+    std::size_t ids_offset = 0;  // where the ids land in `host`
+    std::int32_t rows = 0;
+    bool busy = false;
+  };
+  std::vector<std::unique_ptr<SampleSlot>> sample_slots_;
   Buffer sample_device_;
   PinnedBuffer logprobs_host_;
   Buffer logprobs_device_;
@@ -310,6 +329,8 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   for (auto e : staging_events_) (void)cudaEventDestroy(e);
   if (batch_copied_) (void)cudaEventDestroy(batch_copied_);
+  for (auto& slot : sample_slots_)
+    if (slot->done) (void)cudaEventDestroy(slot->done);
   // Buffers from work_ are released by their own destructors before work_ (declared earlier).
   transit_ = Buffer();
   batch_device_ = Buffer();
@@ -891,13 +912,50 @@ void CudaBackend::gather_rows(Tensor out, const Tensor& x, const Tensor& rows) {
 }
 
 void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) {
+  if (logits.shape.rank() == 2 && logits.shape[0] == 0) return;
+  wait_slot(enqueue_sample(logits, params, nullptr), out_ids);
+}
+
+std::uint64_t CudaBackend::sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out) {
+  XSERV_CHECK(ids_out.dtype == DType::i32 && logits.shape.rank() == 2 &&
+                  ids_out.numel() == logits.shape[0] && logits.shape[0] > 0,
+              ErrorCode::invalid_argument, "sample_async: ids_out {} ({}) for logits {}",
+              ids_out.shape, dtype_name(ids_out.dtype), logits.shape);
+  return enqueue_sample(logits, params, ids_out.as<std::int32_t>()) + 1;
+}
+
+void CudaBackend::wait_sampled(std::uint64_t ticket, std::int32_t* out_ids) {
+  XSERV_CHECK(ticket >= 1 && ticket <= sample_slots_.size() && sample_slots_[ticket - 1]->busy,
+              ErrorCode::invalid_argument, "wait_sampled: unknown ticket {}", ticket);
+  wait_slot(static_cast<std::size_t>(ticket - 1), out_ids);
+}
+
+void CudaBackend::wait_slot(std::size_t slot, std::int32_t* out_ids) {
+  SampleSlot& sl = *sample_slots_[slot];
+  const cudaError_t status = cudaEventSynchronize(sl.done);
+  sl.busy = false;  // the copies are over (or the stream failed: the slot holds nothing then)
+  XSERV_CUDA_CHECK(status);
+  close_profile_range();
+  std::memcpy(out_ids, sl.host.data() + sl.ids_offset, static_cast<std::size_t>(sl.rows) * 4);
+}
+
+void CudaBackend::resolve_tokens(Tensor tokens, const Tensor& sampled) {
+  XSERV_CHECK(tokens.dtype == DType::i32 && sampled.dtype == DType::i32 &&
+                  tokens.shape.rank() == 1 && sampled.shape.rank() == 1,
+              ErrorCode::invalid_argument, "resolve_tokens: tokens {} ({}), sampled {} ({})",
+              tokens.shape, dtype_name(tokens.dtype), sampled.shape, dtype_name(sampled.dtype));
+  launch_resolve_tokens(stream_, tokens.as<std::int32_t>(), tokens.numel(),
+                        sampled.as<std::int32_t>());
+}
+
+std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& params,
+                                        std::int32_t* ids_out) {
   XSERV_CHECK(logits.dtype == DType::f32 && logits.shape.rank() == 2 &&
                   static_cast<std::size_t>(logits.shape[0]) == params.rows.size(),
               ErrorCode::invalid_argument, "sample: logits {} ({}) for {} rows", logits.shape,
               dtype_name(logits.dtype), params.rows.size());
   const auto rows = static_cast<std::int32_t>(logits.shape[0]);
   const std::int64_t vocab = logits.shape[1];
-  if (rows == 0) return;
   XSERV_CHECK(vocab > 0 && vocab < (std::int64_t{1} << 31), ErrorCode::invalid_argument,
               "sample: vocab of {}", vocab);
   bool penalties = false;
@@ -933,9 +991,18 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
   const std::size_t ot = has_output ? ints(params.output_tokens.size()) : 0;
   const std::size_t os = has_output ? ints(params.output_start.size()) : 0;
   const std::size_t total = prm_bytes + ids_bytes + pt + ps + ot + os;
-  if (sample_host_.size() < total) sample_host_ = PinnedBuffer(round_up(total * 2, 1 << 16));
+  // A free staging slot (two are busy at most while steps overlap).
+  std::size_t slot = 0;
+  while (slot < sample_slots_.size() && sample_slots_[slot]->busy) ++slot;
+  if (slot == sample_slots_.size()) {
+    auto sl = std::make_unique<SampleSlot>();
+    XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming));
+    sample_slots_.push_back(std::move(sl));
+  }
+  SampleSlot& sl = *sample_slots_[slot];
+  if (sl.host.size() < total) sl.host = PinnedBuffer(round_up(total * 2, 1 << 16));
   ensure_scratch(sample_device_, total);
-  char* h = sample_host_.data();
+  char* h = sl.host.data();
   auto* d = static_cast<char*>(sample_device_.data());
   std::memcpy(h, prm.data(), prm.size() * sizeof(SamplingRowParams));
   std::size_t off = prm_bytes + ids_bytes;
@@ -958,7 +1025,7 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
                         has_prompt ? prompt_start : nullptr, has_output ? output_tokens : nullptr,
                         has_output ? output_start : nullptr);
   }
-  auto* ids_dev = reinterpret_cast<std::int32_t*>(d + prm_bytes);
+  auto* ids_dev = ids_out ? ids_out : reinterpret_cast<std::int32_t*>(d + prm_bytes);
   // Rows that are all greedy or small-top-k (chat defaults: Qwen3 samples with top_k 20) take
   // the split-row path; one row without a top-k sends the batch to the one-block-per-row kernel.
   int k_max = 1;
@@ -982,9 +1049,11 @@ void CudaBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_
   }
   XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
                                    cudaMemcpyDeviceToHost, stream_));
-  XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  close_profile_range();
-  std::memcpy(out_ids, h + prm_bytes, static_cast<std::size_t>(rows) * 4);
+  XSERV_CUDA_CHECK(cudaEventRecord(sl.done, stream_));
+  sl.ids_offset = prm_bytes;
+  sl.rows = rows;
+  sl.busy = true;
+  return slot;
 }
 
 void CudaBackend::logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,

@@ -3,6 +3,9 @@
 // the activation dtype. Launch: one block of 256 threads per row, threads stride over the dim.
 // An id or position out of range yields a NaN row rather than a wild read (the host validated
 // the batch; this only guards the device).
+// resolve_tokens: the input ids of an overlapped step (Backend::resolve_tokens): a negative id t
+// becomes sampled[-t - 1], the previous step's id that never went through the host. One block
+// (a decode batch's few hundred ids at most), plainly launched before the step's graph.
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -30,7 +33,22 @@ __global__ void embedding_kernel(T* out, const std::int32_t* ids, const T* table
   }
 }
 
+__global__ void resolve_tokens_kernel(std::int32_t* tokens, std::int64_t n,
+                                      const std::int32_t* sampled) {
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const std::int32_t t = tokens[i];
+    if (t < 0) tokens[i] = sampled[-static_cast<std::int64_t>(t) - 1];
+  }
+}
+
 }  // namespace
+
+void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
+                           const std::int32_t* sampled) {
+  if (n == 0) return;
+  resolve_tokens_kernel<<<1, 256, 0, stream>>>(tokens, n, sampled);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
 
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
                       const void* table, const void* pos_table, const std::int32_t* positions,

@@ -29,6 +29,9 @@ void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32
                       const void* table, const void* pos_table, const std::int32_t* positions,
                       std::int64_t rows, std::int64_t dim, std::int64_t vocab,
                       std::int64_t n_positions);
+// tokens[i] < 0 becomes sampled[-tokens[i] - 1] (an overlapped step's inputs; one block).
+void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
+                           const std::int32_t* sampled);
 
 // norm.cu: LayerNorm (bias may be null) or RMSNorm (bias unused) with the optional fused
 // residual add (residual += x; normalise residual).

@@ -71,6 +71,18 @@ void Backend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, co
   attention(out, qkv, heads, batch, cache, scale);
 }
 
+std::uint64_t Backend::sample_async(Tensor, const SamplingBatch&, Tensor) {
+  throw Error(ErrorCode::internal, fmt::format("{}: no asynchronous sampling", name()));
+}
+
+void Backend::wait_sampled(std::uint64_t, std::int32_t*) {
+  throw Error(ErrorCode::internal, fmt::format("{}: no asynchronous sampling", name()));
+}
+
+void Backend::resolve_tokens(Tensor, const Tensor&) {
+  throw Error(ErrorCode::internal, fmt::format("{}: no asynchronous sampling", name()));
+}
+
 std::int32_t ForwardBatch::max_query_len() const noexcept {
   std::int32_t m = 0;
   for (std::size_t s = 0; s + 1 < query_start.size(); ++s)

@@ -224,6 +224,22 @@ class Backend {
   // Writes R ids to out_ids (host memory) and waits for them: the only host wait of a step.
   virtual void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) = 0;
 
+  // ---- overlapped steps (the engine's async steps, docs/engine.md) ----------------------
+  // sample() without the wait: enqueues the same sampling (same draws, same ids), writes the R
+  // ids into `ids_out` (i32 [R] on this device, where a later resolve_tokens can read them)
+  // and starts their copy to the host. Returns a ticket for wait_sampled, which every ticket
+  // must reach (it also frees the ticket's staging memory). Several tickets may be open at once
+  // (a step is enqueued before the previous one's ids are read).
+  virtual std::uint64_t sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out);
+  // Waits for a ticket's ids and writes them (R of them, host memory) to out_ids.
+  virtual void wait_sampled(std::uint64_t ticket, std::int32_t* out_ids);
+  // Replaces every negative token id t of `tokens` (i32 [T] on this device, e.g. an uploaded
+  // batch's token_ids) by sampled[-t - 1], in stream order: the input tokens of a step whose
+  // previous step's ids have not reached the host yet. The caller keeps -t - 1 < sampled rows.
+  virtual void resolve_tokens(Tensor tokens, const Tensor& sampled);
+  // Whether the three above run without waiting (false: the defaults, which throw).
+  virtual bool samples_async() const noexcept { return false; }
+
   // Log-probabilities under log_softmax of raw logits [R, V] f32 (read only; sample() changes
   // logits in place, so pass them before sampling or a copy): per row r, the log-probability of
   // ids[r] (host, R ids) into out_logprobs[r], and the row's top_n (0 ..= max_top_logprobs) most

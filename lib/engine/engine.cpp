@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <random>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -133,6 +135,10 @@ Engine::Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer,
   } else {
     runner_ = std::make_unique<ModelRunner>(model, *cache_, options_.pad_decode_batches);
   }
+  bool async = model.backend().device().kind == DeviceKind::cuda;
+  if (const char* env = std::getenv("XSERV_ASYNC_STEPS")) async = std::string_view(env) != "0";
+  async_ = options_.async_steps.value_or(async) && runner_->supports_launch();
+  if (async_) runner_->enable_launch();
   publish_stats();
   if (options_.background_thread) thread_ = std::thread([this] { background_loop(); });
 }
@@ -145,6 +151,14 @@ Engine::~Engine() {
     }
     wake_.notify_all();
     thread_.join();
+  }
+  // A launched step still in flight (every sample ended meanwhile, or a failed step's): its ids
+  // are read and dropped so that the backend frees what it staged for them.
+  while (runner_->launched() > 0) {
+    try {
+      runner_->collect();
+    } catch (...) {
+    }
   }
 }
 
@@ -239,6 +253,7 @@ void Engine::publish_stats() {
   s.forward_seconds = forward_seconds_;
   s.decode_steps = decode_steps_;
   s.decode_forward_seconds = decode_forward_seconds_;
+  s.overlapped_steps = overlapped_steps_;
   std::lock_guard lock(stats_mutex_);
   stats_ = s;
 }
@@ -298,16 +313,18 @@ void Engine::end_sample(Request& r, Sequence& s, EngineEvent e, std::vector<Engi
   }
 }
 
-void Engine::take_inbox(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks) {
-  std::deque<std::unique_ptr<Request>> incoming;
-  std::vector<RequestId> cancels;
-  {
-    std::lock_guard lock(inbox_mutex_);
-    incoming.swap(inbox_);
-    cancels.swap(cancels_);
-  }
-  for (auto& r : incoming) admit_request(std::move(r), events, sinks);
-  for (RequestId id : cancels) {
+Engine::Inbox Engine::grab_inbox() {
+  Inbox inbox;
+  std::lock_guard lock(inbox_mutex_);
+  inbox.incoming.swap(inbox_);
+  inbox.cancels.swap(cancels_);
+  return inbox;
+}
+
+void Engine::apply_inbox(Inbox& inbox, std::vector<EngineEvent>& events,
+                         std::vector<EventCallback*>& sinks) {
+  for (auto& r : inbox.incoming) admit_request(std::move(r), events, sinks);
+  for (RequestId id : inbox.cancels) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;  // unknown or already ended
     Request& r = *it->second;
@@ -370,53 +387,58 @@ std::size_t Engine::step() {
   return step_locked();
 }
 
-std::size_t Engine::step_locked() {
-  std::lock_guard step_lock(step_mutex_);  // a second stepping thread waits instead of racing
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  std::vector<EngineEvent> events;
-  std::vector<EventCallback*> sinks;
-  take_inbox(events, sinks);
-
-  SchedulerOutput out = scheduler_->schedule();
-  for (Sequence* s : out.failed) {
-    EngineEvent e;
-    e.type = EventType::finished;
-    e.finish = FinishReason::error;
-    e.status = ErrorCode::resource_exhausted;
-    e.error = s->error;
-    end_sample(*requests_.at(s->request), *s, std::move(e), events, sinks);
+void Engine::fail_step(ErrorCode code, const std::string& message, std::vector<EngineEvent>& events,
+                       std::vector<EventCallback*>& sinks) {
+  // Launched steps are dropped (their ids read if the backend still can) and their sequences'
+  // placeholders with them: the sequences end here.
+  while (runner_->launched() > 0) {
+    try {
+      runner_->collect();
+    } catch (...) {
+    }
   }
-  if (out.empty()) return deliver(events, sinks);
+  in_flight_.clear();
+  for (Sequence* s : scheduler_->running())
+    while (!s->tokens.empty() && s->tokens.back() < 0) s->tokens.pop_back();
+  fail_running(code, message, events, sinks);
+  deliver(events, sinks);
+}
 
-  std::vector<SampledToken> sampled;
-  const auto forward_start = Clock::now();
+template <typename F>
+decltype(auto) Engine::guarded(F&& f, std::vector<EngineEvent>& events,
+                               std::vector<EventCallback*>& sinks) {
   try {
-    sampled = runner_->execute(out);
+    return f();
   } catch (const Error& e) {
-    fail_running(e.code(), e.what(), events, sinks);
-    deliver(events, sinks);
+    fail_step(e.code(), e.what(), events, sinks);
     throw;
   } catch (const std::bad_alloc&) {
-    fail_running(ErrorCode::out_of_memory, "out of host memory", events, sinks);
-    deliver(events, sinks);
+    fail_step(ErrorCode::out_of_memory, "out of host memory", events, sinks);
     throw;
   } catch (const std::exception& e) {
-    fail_running(ErrorCode::internal, e.what(), events, sinks);
-    deliver(events, sinks);
+    fail_step(ErrorCode::internal, e.what(), events, sinks);
     throw;
   }
-  const double forward = std::chrono::duration<double>(Clock::now() - forward_start).count() -
-                        runner_->last_host_seconds();
-  scheduler_->update(out);
-  ++steps_;
-  prompt_tokens_ += static_cast<std::uint64_t>(out.num_prompt_tokens);
+}
 
+void Engine::emit_tokens(const SchedulerOutput& out, std::vector<SampledToken>& sampled,
+                         std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks) {
   std::size_t row = 0;
   for (const ScheduledChunk& c : out.chunks) {
     if (!c.sample) continue;
     SampledToken& t = sampled[row++];
+    if (c.seq == nullptr) continue;  // ended while its step was in flight: the token is dropped
     Sequence& s = *c.seq;
+    // A launched step left placeholders at the end of the tokens: this step's, and the next
+    // step's when that one is in flight too. The output processor appends the real id in this
+    // step's place; the next placeholder goes back unless the sample ends here (then the next
+    // step's token for it is dropped: its chunk is cleared before the events go out).
+    std::int32_t next_placeholder = 0;
+    if (s.tokens.size() >= 2 && s.tokens.back() < 0 && s.tokens[s.tokens.size() - 2] < 0) {
+      next_placeholder = s.tokens.back();
+      s.tokens.pop_back();
+    }
+    if (!s.tokens.empty() && s.tokens.back() < 0) s.tokens.pop_back();
     Request& r = *requests_.at(s.request);
     const OutputProcessor::Step st = r.outputs[static_cast<std::size_t>(s.index)].append(s, t.token);
     ++generated_tokens_;
@@ -430,17 +452,132 @@ std::size_t Engine::step_locked() {
       e.finish = st.finish;
       end_sample(r, s, std::move(e), events, sinks);
     } else {
+      if (next_placeholder < 0) s.tokens.push_back(next_placeholder);
       e.request = r.id;
       e.index = s.index;
       events.push_back(std::move(e));
       sinks.push_back(r.req.on_event ? &r.req.on_event : nullptr);
     }
   }
-  forward_seconds_ += forward;
-  if (out.num_prompt_tokens == 0) {
-    ++decode_steps_;
-    decode_forward_seconds_ += forward;
+}
+
+bool Engine::can_overlap() const {
+  // The steady decode state only: nothing waits, no preemption, no prompt chunk.
+  if (!scheduler_->next_is_plain_decode()) return false;
+  bool goes_on = false;
+  for (const Sequence* s : scheduler_->running()) {
+    // Penalties read the output tokens on the host, logprobs are computed from the host's ids.
+    if (s->logprobs > 0 || s->params->uses_penalties()) return false;
+    // A sample whose in-flight token is its last (max_tokens, the context) ends whatever that
+    // token is; a step for those alone would compute tokens nobody reads.
+    if (s->generated() < s->params->max_tokens && s->num_tokens() < s->max_len) goes_on = true;
   }
+  return goes_on;
+}
+
+double Engine::launch(SchedulerOutput out, std::vector<EngineEvent>& events,
+                      std::vector<EventCallback*>& sinks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  guarded([&] { runner_->launch(out); }, events, sinks);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+      runner_->last_host_seconds();
+  // Each sampling sequence's next token is row r of this step's ids, on the device only until
+  // finish_in_flight() reads them.
+  std::int32_t row = 0;
+  for (const ScheduledChunk& c : out.chunks)
+    if (c.sample) c.seq->tokens.push_back(-(++row));
+  ++steps_;
+  prompt_tokens_ += static_cast<std::uint64_t>(out.num_prompt_tokens);
+  ++decode_steps_;  // only pure decode steps are launched
+  in_flight_.push_back(std::move(out));
+  return seconds;
+}
+
+double Engine::finish_in_flight(std::vector<EngineEvent>& events,
+                                std::vector<EventCallback*>& sinks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<SampledToken> sampled = guarded([&] { return runner_->collect(); }, events, sinks);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const SchedulerOutput out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  emit_tokens(out, sampled, events, sinks);
+  return seconds;
+}
+
+std::size_t Engine::step_locked() {
+  std::lock_guard step_lock(step_mutex_);  // a second stepping thread waits instead of racing
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::vector<EngineEvent> events;
+  std::vector<EventCallback*> sinks;
+  // Seconds in the runner (upload, forward, sampling, the wait for the ids), and those of pure
+  // decode steps among them (every launched step is one).
+  double forward = 0, decode_forward = 0;
+
+  // Overlapped steps (docs/engine.md): with a step in flight, the next one is scheduled on top
+  // of it only in the steady decode state; anything else (new requests or cancellations, a
+  // prompt chunk, a preemption, penalties, logprobs) first waits for the step in flight and
+  // then runs as a synchronous step would.
+  Inbox inbox = grab_inbox();
+  const bool overlap = !in_flight_.empty() && inbox.empty() && can_overlap();
+  if (!in_flight_.empty() && !overlap) decode_forward += finish_in_flight(events, sinks);
+  apply_inbox(inbox, events, sinks);
+
+  SchedulerOutput out = scheduler_->schedule();
+  for (Sequence* s : out.failed) {
+    EngineEvent e;
+    e.type = EventType::finished;
+    e.finish = FinishReason::error;
+    e.status = ErrorCode::resource_exhausted;
+    e.error = s->error;
+    end_sample(*requests_.at(s->request), *s, std::move(e), events, sinks);
+  }
+  if (!out.empty()) {
+    if (overlap) {
+      XSERV_CHECK(out.decode_only() && out.preempted.empty() && runner_->can_launch(out),
+                  ErrorCode::internal, "engine: an overlapped step is not a plain decode");
+      decode_forward += launch(std::move(out), events, sinks);
+      ++overlapped_steps_;
+      decode_forward += finish_in_flight(events, sinks);  // the older step
+      // The new step's inputs are real tokens now (or their samples ended): its full blocks
+      // may be hashed into the prefix cache.
+      scheduler_->update(in_flight_.front());
+    } else if (async_ && runner_->can_launch(out)) {
+      // The first step of a decode run: launched, its ids are processed by the next step. Its
+      // inputs are real tokens: its full blocks may be hashed now.
+      decode_forward += launch(std::move(out), events, sinks);
+      scheduler_->update(in_flight_.back());
+    } else {
+      const auto forward_start = Clock::now();
+      std::vector<SampledToken> sampled =
+          guarded([&] { return runner_->execute(out); }, events, sinks);
+      const double seconds = std::chrono::duration<double>(Clock::now() - forward_start).count() -
+                             runner_->last_host_seconds();
+      scheduler_->update(out);
+      ++steps_;
+      prompt_tokens_ += static_cast<std::uint64_t>(out.num_prompt_tokens);
+      if (out.num_prompt_tokens == 0) {
+        ++decode_steps_;
+        decode_forward += seconds;
+      } else {
+        forward += seconds;
+      }
+      emit_tokens(out, sampled, events, sinks);
+    }
+  }
+  // Samples that ended in this step leave the step in flight before their requests retire.
+  bool live = false;
+  for (SchedulerOutput& o : in_flight_)
+    for (ScheduledChunk& c : o.chunks) {
+      if (c.seq != nullptr && c.seq->status == SeqStatus::finished) c.seq = nullptr;
+      live = live || c.seq != nullptr;
+    }
+  // A step in flight for ended samples only: read and dropped now rather than left pending.
+  if (!in_flight_.empty() && !live) decode_forward += finish_in_flight(events, sinks);
+  forward += decode_forward;
+  forward_seconds_ += forward;
+  decode_forward_seconds_ += decode_forward;
   const std::size_t n = deliver(events, sinks);
   // The host share includes the delivery of this step's events (callbacks included).
   host_seconds_ += std::chrono::duration<double>(Clock::now() - start).count() - forward;

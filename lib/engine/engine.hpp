@@ -56,6 +56,13 @@ struct EngineOptions {
   bool background_thread = false;
   // Pad decode steps to a few batch sizes for graph replay; unset: when the backend records.
   std::optional<bool> pad_decode_batches;
+  // Overlapped ("async") steps, as vLLM's async scheduling: in the steady decode state the next
+  // step is scheduled and enqueued before this step's ids reach the host, its input tokens
+  // read from the device, so the GPU does not idle while the host processes outputs and builds
+  // the next batch (docs/engine.md). Same ids either way. Unset: XSERV_ASYNC_STEPS (0 off, 1
+  // on) when set, else on for the CUDA backend. Tests force it on for the CPU backend. Never
+  // with tensor parallelism (the other ranks could not read the ids).
+  std::optional<bool> async_steps;
 };
 
 struct EngineStats {
@@ -78,6 +85,8 @@ struct EngineStats {
   // run's wall time is these plus the steps that carry prefill chunks.
   std::uint64_t decode_steps = 0;
   double decode_forward_seconds = 0;
+  // Steps scheduled and enqueued while the previous step was still in flight (async_steps).
+  std::uint64_t overlapped_steps = 0;
   double prefix_hit_rate() const noexcept {
     return prefix_queries ? static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries) : 0.0;
   }
@@ -123,7 +132,31 @@ class Engine {
   Engine(Model& model, ModelGroup* group, const Tokenizer* tokenizer, const EngineOptions& options);
   struct Request;
   std::size_t step_locked();
-  void take_inbox(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  struct Inbox {
+    std::deque<std::unique_ptr<Request>> incoming;
+    std::vector<RequestId> cancels;
+    bool empty() const noexcept { return incoming.empty() && cancels.empty(); }
+  };
+  Inbox grab_inbox();
+  void apply_inbox(Inbox& inbox, std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  // Overlapped steps: whether the next step may be scheduled on top of the one in flight;
+  // launch() enqueues a step and appends a placeholder token to each sampling sequence;
+  // finish_in_flight() waits for the oldest launched step's ids and processes them. Both
+  // return the seconds they spent in the runner (enqueue and wait).
+  bool can_overlap() const;
+  double launch(SchedulerOutput out, std::vector<EngineEvent>& events,
+                std::vector<EventCallback*>& sinks);
+  double finish_in_flight(std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  // The sampled ids of `out` (one per sampling chunk) through the output processors.
+  void emit_tokens(const SchedulerOutput& out, std::vector<SampledToken>& sampled,
+                   std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
+  // A step failed: every running sequence ends with an error event, launched steps are dropped,
+  // the events go out.
+  void fail_step(ErrorCode code, const std::string& message, std::vector<EngineEvent>& events,
+                 std::vector<EventCallback*>& sinks);
+  // Runs a runner call; when it throws, fail_step() and rethrow.
+  template <typename F>
+  decltype(auto) guarded(F&& f, std::vector<EngineEvent>& events, std::vector<EventCallback*>& sinks);
   void admit_request(std::unique_ptr<Request> r, std::vector<EngineEvent>& events,
                      std::vector<EventCallback*>& sinks);
   void end_sample(Request& r, Sequence& s, EngineEvent event, std::vector<EngineEvent>& events,
@@ -148,10 +181,15 @@ class Engine {
   std::uint64_t arrivals_ = 0;
   std::uint64_t steps_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0;
   double host_seconds_ = 0, forward_seconds_ = 0;
-  std::uint64_t decode_steps_ = 0;
+  std::uint64_t decode_steps_ = 0, overlapped_steps_ = 0;
   double decode_forward_seconds_ = 0;
   // Callbacks of requests that ended in this step, kept alive until their events are delivered.
   std::vector<std::unique_ptr<Request>> retired_;
+  // Overlapped steps: whether they are on, and the launched steps whose ids are not processed
+  // yet, oldest first (one between steps, two inside a step that overlaps). A chunk whose
+  // sequence ended meanwhile has seq == nullptr: its token is dropped.
+  bool async_ = false;
+  std::deque<SchedulerOutput> in_flight_;
 
   // Inbox: any thread.
   mutable std::mutex inbox_mutex_;

@@ -55,10 +55,19 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
     b.max_blocks_per_seq =
         std::max(b.max_blocks_per_seq, static_cast<std::int32_t>(c.seq->blocks.size()));
   const std::int32_t bs = cache_.block_size();
+  batch_placeholders_ = false;
   for (const auto& c : out.chunks) {
     const Sequence& s = *c.seq;
     for (std::int32_t pos = c.start; pos < c.start + c.num_tokens; ++pos) {
-      b.token_ids.push_back(s.tokens[static_cast<std::size_t>(pos)]);
+      const std::int32_t token = s.tokens[static_cast<std::size_t>(pos)];
+      if (token < 0) {
+        // A placeholder: the last launch's sampled row -token - 1 (launch() resolves it).
+        XSERV_CHECK(!pending_.empty() && static_cast<std::size_t>(-std::int64_t{token} - 1) < last_rows_,
+                    ErrorCode::internal, "engine: placeholder token {} without its launched step",
+                    token);
+        batch_placeholders_ = true;
+      }
+      b.token_ids.push_back(token);
       b.positions.push_back(pos);
       b.slot_mapping.push_back(s.blocks[static_cast<std::size_t>(pos / bs)] * bs + pos % bs);
     }
@@ -148,13 +157,26 @@ void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out
 Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader) {
   Backend& backend = model.backend();
   const DeviceBatch device_batch = backend.upload_batch(batch_);
-  if (!decode_only) return model.forward(device_batch, cache);
+  // Placeholder ids (an overlapped step's inputs) come from the last launch's ids on the device.
+  const Tensor sampled(sampled_ids_.data(), DType::i32,
+                       {static_cast<std::int64_t>(sampled_ids_.size() / 4)}, backend.device());
+  if (!decode_only) {
+    if (batch_placeholders_) backend.resolve_tokens(device_batch.token_ids, sampled);
+    return model.forward(device_batch, cache);
+  }
+  XSERV_CHECK(launches_ || !batch_placeholders_, ErrorCode::internal,
+              "engine: placeholder tokens while launches are off");
   // Same launch shapes every step at this (padded) size: the backend may record and replay
-  // (per rank; a recording holds that rank's collectives too).
+  // (per rank; a recording holds that rank's collectives too). With launches on, every decode
+  // recording starts with the placeholders' resolve (token_ids and the ids buffer keep their
+  // addresses): a no-op in a step without placeholders, and no kernel launch of its own before
+  // the graph in one with them.
   const auto size = batch_.num_seqs();
   Tensor logits;
-  backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size),
-                    [&] { logits = model.forward(device_batch, cache); });
+  backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size), [&] {
+    if (launches_) backend.resolve_tokens(device_batch.token_ids, sampled);
+    logits = model.forward(device_batch, cache);
+  });
   if (!leader) return logits;
   Tensor& kept = decode_logits_[size];
   if (logits.empty()) logits = kept;
@@ -162,9 +184,7 @@ Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_o
   return logits;
 }
 
-std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
-  Backend& backend = model_.backend();
-  std::lock_guard lock(model_.forward_mutex());  // the model's workspace holds the logits
+Tensor ModelRunner::prepare_and_forward(const SchedulerOutput& out) {
   const auto t0 = std::chrono::steady_clock::now();
   build_batch(out);
   build_sampling(out);
@@ -184,12 +204,72 @@ std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
       if (r == 0) logits = l;
     });
   }
+  if (rows == 0) return {};
+  return logits.rows(0, static_cast<std::int64_t>(rows));  // the real rows, padding left out
+}
+
+bool ModelRunner::supports_launch() const noexcept {
+  return group_ == nullptr && model_.backend().samples_async();
+}
+
+void ModelRunner::enable_launch() {
+  XSERV_CHECK(supports_launch(), ErrorCode::internal, "engine: this runner cannot launch steps");
+  if (launches_) return;
+  Backend& backend = model_.backend();
+  sampled_ids_ = Buffer(backend.allocator(), static_cast<std::size_t>(model_.max_logit_rows()) * 4);
+  launches_ = true;
+}
+
+bool ModelRunner::can_launch(const SchedulerOutput& out) const {
+  // Pure decode steps without penalties (they read the output tokens on the host) or logprobs
+  // (computed from the ids on the host); anything else runs through execute().
+  if (!launches_ || !out.decode_only()) return false;
+  for (const auto& c : out.chunks)
+    if (c.seq->logprobs > 0 || c.seq->params->uses_penalties()) return false;
+  return true;
+}
+
+void ModelRunner::launch(const SchedulerOutput& out) {
+  XSERV_CHECK(can_launch(out) && pending_.size() < 2, ErrorCode::internal,
+              "engine: a step launched that cannot overlap ({} in flight)", pending_.size());
+  Backend& backend = model_.backend();
+  std::lock_guard lock(model_.forward_mutex());  // the workspace's logits, until sampled
+  const Tensor logits = prepare_and_forward(out);
+  const auto rows = static_cast<std::size_t>(logits.shape[0]);
+  const Tensor ids(sampled_ids_.data(), DType::i32, {static_cast<std::int64_t>(rows)},
+                   backend.device());
+  pending_.push_back({backend.sample_async(logits, sampling_, ids), rows});
+  last_rows_ = rows;
+}
+
+std::vector<SampledToken> ModelRunner::collect() {
+  XSERV_CHECK(!pending_.empty(), ErrorCode::internal, "engine: nothing launched to collect");
+  const Pending p = pending_.front();
+  pending_.erase(pending_.begin());
+  ids_.assign(p.rows, 0);
+  model_.backend().wait_sampled(p.ticket, ids_.data());
+  std::vector<SampledToken> result(p.rows);
+  const std::int32_t vocab = model_.config().vocab_size;
+  for (std::size_t r = 0; r < p.rows; ++r) {
+    XSERV_CHECK(ids_[r] >= 0 && ids_[r] < vocab, ErrorCode::internal,
+                "engine: the backend sampled token {} outside the vocab of {}", ids_[r], vocab);
+    result[r].token = ids_[r];
+  }
+  return result;
+}
+
+std::vector<SampledToken> ModelRunner::execute(const SchedulerOutput& out) {
+  Backend& backend = model_.backend();
+  XSERV_CHECK(pending_.empty(), ErrorCode::internal,
+              "engine: a synchronous step while {} launched steps are not collected", pending_.size());
+  std::lock_guard lock(model_.forward_mutex());  // the model's workspace holds the logits
+  Tensor logits = prepare_and_forward(out);
+  const std::size_t rows = sampling_.rows.size();
   std::vector<SampledToken> result(rows);
   if (rows == 0) {
     backend.synchronize();
     return result;
   }
-  logits = logits.rows(0, static_cast<std::int64_t>(rows));  // the real rows, padding left out
 
   bool want_logprobs = false;
   for (const auto& c : out.chunks)

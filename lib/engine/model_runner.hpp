@@ -48,6 +48,22 @@ class ModelRunner {
   // One entry per sampling chunk of `out`, in chunk order. Throws what the forward throws.
   std::vector<SampledToken> execute(const SchedulerOutput& out);
 
+  // Overlapped steps (the engine's async steps, docs/engine.md). launch() enqueues what
+  // execute() does without waiting for the ids; collect() waits for the oldest launched step's
+  // ids and returns them as execute() would. A sequence's token may be a placeholder -(r + 1):
+  // row r of the last launch's ids, not yet on the host; the backend reads it from the device
+  // (Backend::resolve_tokens). Only steps can_launch() accepts; every launch must be collected.
+  bool can_launch(const SchedulerOutput& out) const;
+  void launch(const SchedulerOutput& out);
+  std::vector<SampledToken> collect();
+  std::size_t launched() const noexcept { return pending_.size(); }
+  // Whether this runner can launch at all: one rank (the other ranks could not read the ids) on
+  // a backend that samples asynchronously. enable_launch() turns launches on (the engine's
+  // async_steps), before the first step: from then on every decode recording resolves
+  // placeholders itself (see forward_rank).
+  bool supports_launch() const noexcept;
+  void enable_launch();
+
   // Seconds the last execute() spent building the batch and sampling inputs on the host (the
   // rest of it is the upload, the forward, sampling and the wait for the ids).
   double last_host_seconds() const noexcept { return last_host_seconds_; }
@@ -64,6 +80,8 @@ class ModelRunner {
   // Runs the built batch on one rank: upload, forward (through run_graph for decode steps);
   // returns its logits (rank 0's rows; none on the other ranks).
   Tensor forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader);
+  // build_batch, build_sampling, padding and the forward; the logits of the sampled rows.
+  Tensor prepare_and_forward(const SchedulerOutput& out);
 
   Model& model_;
   kv::KvCache& cache_;
@@ -79,6 +97,19 @@ class ModelRunner {
   SamplingBatch sampling_;
   std::vector<std::int32_t> ids_;
   Buffer raw_logits_;  // a copy of the logits before sampling changes them (logprobs only)
+  // Overlapped steps: the launched steps' ids on the device (one buffer: a step's resolve reads
+  // it before the step's own sampling overwrites it, in stream order) and, oldest first, the
+  // tickets and row counts still to collect. batch_placeholders_: build_batch met placeholder
+  // tokens, so the upload needs resolving against the last launch's `last_rows_` ids.
+  bool launches_ = false;
+  Buffer sampled_ids_;  // max_logit_rows ids, allocated by enable_launch()
+  struct Pending {
+    std::uint64_t ticket = 0;
+    std::size_t rows = 0;
+  };
+  std::vector<Pending> pending_;
+  std::size_t last_rows_ = 0;
+  bool batch_placeholders_ = false;
   double last_host_seconds_ = 0;
 };
 

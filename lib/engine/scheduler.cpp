@@ -152,6 +152,16 @@ bool Scheduler::admit(Sequence& s, std::int32_t budget, std::int32_t prefill_lef
   return true;
 }
 
+bool Scheduler::next_is_plain_decode() const noexcept {
+  if (!waiting_.empty() || running_.empty() || num_running() > config_.max_batch_tokens) return false;
+  std::int32_t need = 0;
+  for (const Sequence* s : running_) {
+    if (s->pending() != 1) return false;
+    need += std::max(0, blocks_for(s->num_computed + 1) - static_cast<std::int32_t>(s->blocks.size()));
+  }
+  return need <= pool_.num_free();
+}
+
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   std::int32_t budget = config_.max_batch_tokens;

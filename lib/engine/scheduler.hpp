@@ -70,6 +70,13 @@ class Scheduler {
   // After the step's forward: advances num_computed over the chunks and commits full blocks.
   void update(const SchedulerOutput& out);
 
+  // Whether the next schedule() is certain to be a plain decode of every running sequence:
+  // nothing waits, each running sequence has one token to compute, they all fit the token
+  // budget and the pool has the blocks they grow into (no preemption). The engine's overlapped
+  // steps schedule on top of a step still in flight only then.
+  bool next_is_plain_decode() const noexcept;
+  const std::vector<Sequence*>& running() const noexcept { return running_; }
+
   std::int32_t num_running() const noexcept { return static_cast<std::int32_t>(running_.size()); }
   std::int32_t num_waiting() const noexcept { return static_cast<std::int32_t>(waiting_.size()); }
   std::uint64_t preemptions() const noexcept { return preemptions_; }

@@ -8,6 +8,7 @@
 // the same row alone, and on a tiny random model (nearly flat logits) that flips ids (measured on
 // the H200: 15 of 32 requests differ somewhere, 12 of 32 under preemption). There the test asks
 // for determinism (the same staggered run twice gives the same ids) and reports the agreement.
+// Every staggered run is made with synchronous and with overlapped (async) steps.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -44,10 +45,11 @@ SamplingParams params_of(std::int32_t i) {
   return p;
 }
 
-EngineOptions options_of(std::int64_t kv_tokens) {
+EngineOptions options_of(std::int64_t kv_tokens, bool async_steps) {
   EngineOptions o;
   o.block_size = 4;
   o.kv_cache_tokens = kv_tokens;
+  o.async_steps = async_steps;
   return o;
 }
 
@@ -72,8 +74,11 @@ std::map<RequestId, std::vector<std::int32_t>> run(Engine& engine,
   return out;
 }
 
+// The staggered run with overlapped steps on or off (async_steps); each request alone always
+// steps synchronously, so the overlapped run is checked against the synchronous path.
 void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expect_preemption,
-                       bool batch_invariant) {
+                       bool batch_invariant, bool async_steps) {
+  INFO("async steps " << async_steps);
   auto backend = cuda::make_cuda_backend({});
   ModelOptions mo;
   mo.max_batch_tokens = 16;  // prompts prefilled in chunks, mixed with decodes
@@ -82,12 +87,13 @@ void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expe
   std::vector<std::vector<std::int32_t>> prompts;
   for (std::int32_t i = 0; i < 32; ++i) prompts.push_back(prompt_of(1 + (i * 7) % 29, vocab, i));
 
-  Engine engine(*model, nullptr, options_of(kv_tokens));
+  Engine engine(*model, nullptr, options_of(kv_tokens, async_steps));
   std::vector<RequestId> ids;
   auto got = run(engine, prompts, ids, true);
   const EngineStats s = engine.stats();
   if (expect_preemption) CHECK(s.preemptions > 0);
   CHECK(s.kv_blocks_used == 0);
+  CHECK((s.overlapped_steps > 0) == async_steps);
   // Decode steps replay a few recordings: padded sizes 1, 2, 4, 8, 16, 24, 32, each with at most
   // a couple of block-table strides as contexts grow (prefill steps are not recorded), while the
   // run takes many more steps than that.
@@ -96,7 +102,7 @@ void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expe
   CHECK(recorded <= 14);
   CHECK(s.steps >= 2 * recorded);
   if (!batch_invariant) {
-    Engine again(*model, nullptr, options_of(kv_tokens));
+    Engine again(*model, nullptr, options_of(kv_tokens, async_steps));
     std::vector<RequestId> ids2;
     auto got2 = run(again, prompts, ids2, true);
     for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(got[ids[i]] == got2[ids2[i]]);
@@ -112,7 +118,7 @@ void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expe
     r.on_event = [&lone](const EngineEvent& e) {
       if (e.type == EventType::token) lone.push_back(e.token);
     };
-    Engine single(*model, nullptr, options_of(4096));
+    Engine single(*model, nullptr, options_of(4096, false));
     single.submit(std::move(r));
     while (single.has_work()) single.step();
     CHECK(got[ids[i]].size() == lone.size());
@@ -126,13 +132,17 @@ void check_equal_alone(const std::string& dir, std::int64_t kv_tokens, bool expe
 
 TEST_CASE("cuda engine: staggered requests equal each alone (f32 GPT-2 and Qwen3, bf16 deterministic)", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
-  for (const char* name : {"tiny-gpt2", "tiny-qwen3"})
-    check_equal_alone(std::string(XSERV_TEST_DATA_DIR "/models/") + name, 4096, false, true);
-  check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16", 4096, false, false);
+  for (bool async_steps : {false, true}) {
+    for (const char* name : {"tiny-gpt2", "tiny-qwen3"})
+      check_equal_alone(std::string(XSERV_TEST_DATA_DIR "/models/") + name, 4096, false, true, async_steps);
+    check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16", 4096, false, false, async_steps);
+  }
 }
 
 TEST_CASE("cuda engine: the same under a KV budget that forces preemption", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
-  check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3", 48, true, true);
-  check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16", 48, true, false);
+  for (bool async_steps : {false, true}) {
+    check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3", 48, true, true, async_steps);
+    check_equal_alone(XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16", 48, true, false, async_steps);
+  }
 }

@@ -309,3 +309,60 @@ TEST_CASE("cuda logprobs match the CPU backend: chosen token and the top 20", "[
     CHECK(want_ids[static_cast<std::size_t>(top_n) + 1] == 4);
   }
 }
+
+// The overlapped engine steps' ops: sample_async gives sample()'s ids (two tickets open at once,
+// read in either order), leaves them on the device, and resolve_tokens puts them in place of the
+// negative placeholders of a token list.
+TEST_CASE("cuda sample_async gives the CPU ids and resolve_tokens reads them on the device", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(5);
+  for (std::int64_t vocab : {1000, 151936}) {
+    INFO("vocab " << vocab);
+    SamplingBatch sb;
+    for (std::uint64_t s = 0; s < 5; ++s) {
+      sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, s));
+      sb.rows.push_back(row_of(0.9f, 20, 0.95f, 0.0f, s));
+      sb.rows.push_back(row_of(1.0f, 0, 0.9f, 0.0f, s));
+    }
+    const auto rows = static_cast<std::int64_t>(sb.rows.size());
+    auto logits_a = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+    auto logits_b = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+    std::vector<std::int32_t> want_a(static_cast<std::size_t>(rows)), want_b(want_a.size());
+    auto ca = logits_a, cb = logits_b;
+    be.cpu.sample(host_view(ca, {rows, vocab}), sb, want_a.data());
+    be.cpu.sample(host_view(cb, {rows, vocab}), sb, want_b.data());
+
+    const Tensor ids_a = be.gpu_ints(std::vector<std::int32_t>(want_a.size(), -7), {rows});
+    const Tensor ids_b = be.gpu_ints(std::vector<std::int32_t>(want_a.size(), -7), {rows});
+    const std::uint64_t ta = be.gpu->sample_async(be.gpu_tensor(logits_a, DType::f32, {rows, vocab}), sb, ids_a);
+    const std::uint64_t tb = be.gpu->sample_async(be.gpu_tensor(logits_b, DType::f32, {rows, vocab}), sb, ids_b);
+    CHECK(ta != tb);
+    // Tokens: real ids stay, -(r + 1) becomes row r of the sampled ids (resolved behind b).
+    std::vector<std::int32_t> tokens;
+    std::vector<std::int32_t> want_tokens;
+    for (std::int32_t i = 0; i < 300; ++i) {
+      const std::int32_t r = (i * 7) % static_cast<std::int32_t>(rows);
+      if (i % 3 == 0) {
+        tokens.push_back(i);
+        want_tokens.push_back(i);
+      } else {
+        tokens.push_back(-(r + 1));
+        want_tokens.push_back(want_b[static_cast<std::size_t>(r)]);
+      }
+    }
+    const Tensor dev_tokens = be.gpu_ints(tokens, {static_cast<std::int64_t>(tokens.size())});
+    be.gpu->resolve_tokens(dev_tokens, ids_b);
+    std::vector<std::int32_t> got_b(want_b.size(), -1), got_a(want_a.size(), -1);
+    be.gpu->wait_sampled(tb, got_b.data());  // the later ticket first
+    be.gpu->wait_sampled(ta, got_a.data());
+    CHECK(got_a == want_a);
+    CHECK(got_b == want_b);
+    std::vector<std::int32_t> resolved(tokens.size(), -1);
+    be.gpu->download(resolved.data(), dev_tokens);
+    CHECK(resolved == want_tokens);
+    std::vector<std::int32_t> on_device(want_a.size(), -1);
+    be.gpu->download(on_device.data(), ids_a);
+    CHECK(on_device == want_a);
+  }
+}

@@ -63,10 +63,21 @@ std::vector<std::int32_t> iota_prompt(std::int32_t n, std::int32_t vocab, std::i
   return t;
 }
 
+// Every engine test runs twice (ENGINE_MODES): with synchronous steps, then with overlapped
+// ("async") steps forced on for the CPU backend; the engines a test makes take the mode from
+// small_blocks(). References (alone()) always step synchronously, so the second run checks the
+// overlapped path against the synchronous one.
+bool g_async_steps = false;
+
+#define ENGINE_MODES()                            \
+  g_async_steps = GENERATE(false, true);          \
+  INFO("async steps " << g_async_steps)
+
 EngineOptions small_blocks(std::int64_t kv_tokens = 4096) {
   EngineOptions o;
   o.block_size = 4;
   o.kv_cache_tokens = kv_tokens;
+  o.async_steps = g_async_steps;
   return o;
 }
 
@@ -123,10 +134,12 @@ void run_to_end(Engine& engine) {
   }
 }
 
-// One request alone on a fresh engine with a roomy pool.
+// One request alone on a fresh engine with a roomy pool, stepping synchronously unless `async`.
 Output alone(Model& model, const Tokenizer* tok, const std::vector<std::int32_t>& prompt,
-             const SamplingParams& params) {
-  Engine engine(model, tok, small_blocks());
+             const SamplingParams& params, bool async = false) {
+  EngineOptions o = small_blocks();
+  o.async_steps = async;
+  Engine engine(model, tok, o);
   Collector c;
   const RequestId id = submit(engine, c, prompt, params);
   run_to_end(engine);
@@ -172,16 +185,21 @@ void check_staggered_equal_alone(Fixture& f, const EngineOptions& options, bool 
   CHECK(s.decode_steps < s.steps);
   CHECK(s.decode_forward_seconds > 0.0);
   CHECK(s.decode_forward_seconds <= s.forward_seconds);
+  // Requests come and go every few steps, yet some steps overlapped their predecessor.
+  if (options.async_steps.value_or(false)) CHECK(s.overlapped_steps > 0);
+  else CHECK(s.overlapped_steps == 0);
 }
 
 }  // namespace
 
 TEST_CASE("Engine: 32 staggered requests give the ids each gives alone", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 16);  // 16 tokens per step: prompts are prefilled in chunks
   check_staggered_equal_alone(f, small_blocks(), false);
 }
 
 TEST_CASE("Engine: the same equality under a KV budget that forces preemption", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 16);
   // 48 tokens of KV for requests of up to 41 tokens: they take turns, preempting each other.
   EngineOptions o = small_blocks(48);
@@ -192,11 +210,13 @@ TEST_CASE("Engine: the same equality under a KV budget that forces preemption", 
 }
 
 TEST_CASE("Engine: a Qwen3 model, staggered, equals alone", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyQwen3, 16);
   check_staggered_equal_alone(f, small_blocks(), false);
 }
 
 TEST_CASE("Engine: prefix-cache hits give the same ids as misses", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 64);
   const auto system = iota_prompt(37, 320, 3);
   std::vector<std::vector<std::int32_t>> prompts;
@@ -230,6 +250,7 @@ TEST_CASE("Engine: prefix-cache hits give the same ids as misses", "[engine]") {
 }
 
 TEST_CASE("Engine: n samples share the prompt and equal requests with seed + i", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 64);
   const auto prompt = iota_prompt(21, 320, 9);
   Engine engine(*f.model, nullptr, small_blocks());
@@ -250,6 +271,7 @@ TEST_CASE("Engine: n samples share the prompt and equal requests with seed + i",
 }
 
 TEST_CASE("Engine: cancel mid-run ends the request and frees its blocks", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 64);
   Engine engine(*f.model, nullptr, small_blocks());
   Collector c;
@@ -271,7 +293,58 @@ TEST_CASE("Engine: cancel mid-run ends the request and frees its blocks", "[engi
   CHECK_FALSE(engine.has_work());
 }
 
+TEST_CASE("Engine: overlapped steps give the synchronous events and drop the extra tokens of ended samples",
+          "[engine]") {
+  Fixture f(kTinyGpt2, 64);
+  // Samples that end at different steps while others go on (stop ids taken from a first run,
+  // eos, max_tokens, n > 1), all submitted at once: the overlapped engine launches a token for
+  // a sample that its in-flight token ends, and must drop it.
+  auto run = [&](bool async, const std::vector<SamplingParams>& params) {
+    EngineOptions o = small_blocks();
+    o.async_steps = async;
+    Engine engine(*f.model, nullptr, o);
+    Collector c;
+    std::vector<RequestId> ids;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      ids.push_back(submit(engine, c, iota_prompt(3 + static_cast<std::int32_t>(i), 320,
+                                                  static_cast<std::int32_t>(i)),
+                           params[i], i % 4 == 3 ? 2 : 1));
+    run_to_end(engine);
+    std::vector<Output> out;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      for (std::int32_t k = 0; k < (i % 4 == 3 ? 2 : 1); ++k) out.push_back(c.of(ids[i], k));
+    return std::make_pair(out, engine.stats());
+  };
+  std::vector<SamplingParams> params;
+  for (std::int32_t i = 0; i < 10; ++i)
+    params.push_back(i % 2 ? seeded(6 + 3 * i, 500 + static_cast<std::uint64_t>(i)) : greedy(6 + 3 * i));
+  const auto first = run(false, params).first;
+  std::size_t at = 0;
+  for (std::int32_t i = 0; i < 10; ++i) {
+    const Output& o = first[at];
+    at += i % 4 == 3 ? 2 : 1;
+    if (i % 3 == 0) params[static_cast<std::size_t>(i)].stop_token_ids = {o.tokens.at(o.tokens.size() / 2)};
+    if (i % 3 == 1) params[static_cast<std::size_t>(i)].ignore_eos = false;
+  }
+  const auto [want, ws] = run(false, params);
+  const auto [got, gs] = run(true, params);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("sample " << i);
+    CHECK(got[i].tokens == want[i].tokens);
+    CHECK(got[i].finish == want[i].finish);
+    CHECK(got[i].events == want[i].events);
+    CHECK(got[i].completion_tokens == want[i].completion_tokens);
+  }
+  CHECK(gs.generated_tokens == ws.generated_tokens);  // dropped tokens are not counted
+  CHECK(gs.overlapped_steps > 0);
+  CHECK(ws.overlapped_steps == 0);
+  CHECK(gs.kv_blocks_used == 0);
+  CHECK(gs.running == 0);
+}
+
 TEST_CASE("Engine: a request that can never fit fails alone", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 64);
   Engine engine(*f.model, nullptr, small_blocks(32));
   Collector c;
@@ -286,9 +359,10 @@ TEST_CASE("Engine: a request that can never fit fails alone", "[engine]") {
 }
 
 TEST_CASE("Engine: sampling options, seeds and penalties", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2);
   const auto prompt = iota_prompt(5, 320);
-  auto run = [&](const SamplingParams& p) { return alone(*f.model, nullptr, prompt, p).tokens; };
+  auto run = [&](const SamplingParams& p) { return alone(*f.model, nullptr, prompt, p, g_async_steps).tokens; };
   SamplingParams p = greedy(12);
   p.temperature = 1.0f;
   p.seed = 1234;
@@ -317,31 +391,32 @@ TEST_CASE("Engine: sampling options, seeds and penalties", "[engine]") {
 }
 
 TEST_CASE("Engine: max_tokens, stop ids, eos and the context end a sample", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2);
   const auto prompt = iota_prompt(4, 320);
-  const Output full = alone(*f.model, nullptr, prompt, greedy(16));
+  const Output full = alone(*f.model, nullptr, prompt, greedy(16));  // the reference: synchronous
   REQUIRE(full.tokens.size() == 16);
   CHECK(full.finish == FinishReason::length);
   CHECK(full.events == 16);
   CHECK(full.completion_tokens == 16);
 
   // Nothing to generate: still one final event with a finish reason.
-  const Output none = alone(*f.model, nullptr, prompt, greedy(0));
+  const Output none = alone(*f.model, nullptr, prompt, greedy(0), g_async_steps);
   CHECK(none.tokens.empty());
   CHECK(none.events == 1);
   CHECK(none.finish == FinishReason::length);
   CHECK(none.all.at(0).type == EventType::finished);
   const std::int32_t ctx = f.model->config().max_position_embeddings;  // 128
-  const Output at_ctx = alone(*f.model, nullptr, iota_prompt(ctx, 320), greedy(10));
+  const Output at_ctx = alone(*f.model, nullptr, iota_prompt(ctx, 320), greedy(10), g_async_steps);
   CHECK(at_ctx.tokens.empty());
   CHECK(at_ctx.finish == FinishReason::length);
-  const Output near_ctx = alone(*f.model, nullptr, iota_prompt(ctx - 3, 320), greedy(10));
+  const Output near_ctx = alone(*f.model, nullptr, iota_prompt(ctx - 3, 320), greedy(10), g_async_steps);
   CHECK(near_ctx.tokens.size() == 3);
   CHECK(near_ctx.finish == FinishReason::length);
 
   SamplingParams stop = greedy(16);
   stop.stop_token_ids = {full.tokens[6]};
-  const Output s = alone(*f.model, nullptr, prompt, stop);
+  const Output s = alone(*f.model, nullptr, prompt, stop, g_async_steps);
   const auto first = std::find(full.tokens.begin(), full.tokens.end(), full.tokens[6]);
   CHECK(s.tokens == std::vector<std::int32_t>(full.tokens.begin(), first + 1));
   CHECK(s.finish == FinishReason::stop);
@@ -350,7 +425,7 @@ TEST_CASE("Engine: max_tokens, stop ids, eos and the context end a sample", "[en
   REQUIRE(engine.eos_token_ids() == std::vector<std::int32_t>{319});
   SamplingParams eos = greedy(16);
   eos.ignore_eos = false;
-  const Output e = alone(*f.model, nullptr, prompt, eos);
+  const Output e = alone(*f.model, nullptr, prompt, eos, g_async_steps);
   const auto at = std::find(full.tokens.begin(), full.tokens.end(), 319);
   CHECK(e.tokens == std::vector<std::int32_t>(full.tokens.begin(), at == full.tokens.end() ? at : at + 1));
 }
@@ -393,6 +468,7 @@ TEST_CASE("Engine: submit rejects bad requests with a clear error", "[engine]") 
 }
 
 TEST_CASE("Engine: decode batches padded for graph replay give the same tokens", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2);
   EngineOptions padded = small_blocks(), plain = small_blocks();
   padded.pad_decode_batches = true;
@@ -422,6 +498,7 @@ TEST_CASE("Engine: decode batches padded for graph replay give the same tokens",
 }
 
 TEST_CASE("Engine: log-probabilities of the chosen tokens and the top ones", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyQwen3);
   Engine engine(*f.model, nullptr, small_blocks());
   Collector c;
@@ -459,6 +536,7 @@ TEST_CASE("Engine: log-probabilities of the chosen tokens and the top ones", "[e
 }
 
 TEST_CASE("Engine: streamed text, stop strings held back and cut", "[engine]") {
+  ENGINE_MODES();
   Fixture f(kShakespeare);
   const Tokenizer tok = Tokenizer::load(kShakespeare);
   const auto prompt = tok.encode("ROMEO:\n");
@@ -475,7 +553,7 @@ TEST_CASE("Engine: streamed text, stop strings held back and cut", "[engine]") {
   REQUIRE(at != std::string::npos);
   SamplingParams p = greedy(40);
   p.stop_strings = {"this will never appear \x01", stop};
-  const Output r = alone(*f.model, &tok, prompt, p);
+  const Output r = alone(*f.model, &tok, prompt, p, g_async_steps);
   CHECK(r.finish == FinishReason::stop);
   CHECK(r.text == full.text.substr(0, at));
   CHECK(r.text.find(stop) == std::string::npos);
@@ -485,13 +563,14 @@ TEST_CASE("Engine: streamed text, stop strings held back and cut", "[engine]") {
   const std::string tail =
       tok.decode(std::vector<std::int32_t>(full.tokens.begin(), full.tokens.begin() + 6));
   q.stop_strings = {tail.substr(tail.size() - 1) + "\x01never"};
-  const Output t = alone(*f.model, &tok, prompt, q);
+  const Output t = alone(*f.model, &tok, prompt, q, g_async_steps);
   CHECK(t.finish == FinishReason::length);
   CHECK(t.text == tail);
 }
 
 TEST_CASE("Engine: events without a callback go to poll, and a background thread steps",
           "[engine]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2);
   const auto want = alone(*f.model, nullptr, iota_prompt(6, 320), greedy(5)).tokens;
   for (bool background : {false, true}) {
@@ -522,6 +601,7 @@ TEST_CASE("Engine: events without a callback go to poll, and a background thread
 }
 
 TEST_CASE("Engine: 8 threads submit and cancel while one thread steps", "[engine][threads]") {
+  ENGINE_MODES();
   Fixture f(kTinyGpt2, 32);
   Engine engine(*f.model, nullptr, small_blocks(256));
   std::mutex m;

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -65,6 +67,13 @@ class CpuBackend final : public Backend {
   void sample(Tensor logits, const SamplingBatch& params, std::int32_t* out_ids) override;
   void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override;
+  // Synchronous underneath (every op is): sample_async samples at once, keeps the ids for its
+  // ticket and writes them to ids_out; the engine's overlapped steps run on the CPU this way, so
+  // CPU-only tests cover their bookkeeping (placeholders, discarded tokens).
+  std::uint64_t sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out) override;
+  void wait_sampled(std::uint64_t ticket, std::int32_t* out_ids) override;
+  void resolve_tokens(Tensor tokens, const Tensor& sampled) override;
+  bool samples_async() const noexcept override { return true; }
 
   std::size_t threads() const noexcept { return pool_.size(); }
   // How long its idle threads poll now (set by upload_batch and at the end of sample).
@@ -87,6 +96,11 @@ class CpuBackend final : public Backend {
   std::uint32_t decode_spin_us_, prefill_spin_us_, idle_spin_us_;
   // upload_batch's storage: the DeviceBatch views point here until the next upload_batch.
   std::vector<std::int32_t> batch_storage_;
+  // sample_async's ids by ticket until wait_sampled takes them (engines sharing the backend
+  // may wait from their own threads: under the mutex).
+  std::mutex async_mutex_;
+  std::map<std::uint64_t, std::vector<std::int32_t>> async_ids_;
+  std::uint64_t next_ticket_ = 1;
 };
 
 // The least work (bytes of weights or K/V read) worth handing to another thread in a decode-sized

@@ -201,6 +201,48 @@ void CpuBackend::sample(Tensor logits, const SamplingBatch& params, std::int32_t
   pool_.set_spin_us(idle_spin_us_);
 }
 
+std::uint64_t CpuBackend::sample_async(Tensor logits, const SamplingBatch& params, Tensor ids_out) {
+  check_dtype("sample_async", "ids_out", ids_out, DType::i32);
+  XSERV_CHECK(logits.shape.rank() == 2 && ids_out.numel() == logits.shape[0],
+              ErrorCode::invalid_argument, "sample_async: ids_out {} for logits {}", ids_out.shape,
+              logits.shape);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(logits.shape[0]));
+  sample(logits, params, ids.data());
+  if (!ids.empty()) std::copy(ids.begin(), ids.end(), ids_out.as<std::int32_t>());
+  std::lock_guard lock(async_mutex_);
+  const std::uint64_t ticket = next_ticket_++;
+  async_ids_.emplace(ticket, std::move(ids));
+  return ticket;
+}
+
+void CpuBackend::wait_sampled(std::uint64_t ticket, std::int32_t* out_ids) {
+  std::vector<std::int32_t> ids;
+  {
+    std::lock_guard lock(async_mutex_);
+    const auto it = async_ids_.find(ticket);
+    XSERV_CHECK(it != async_ids_.end(), ErrorCode::invalid_argument,
+                "wait_sampled: unknown ticket {}", ticket);
+    ids = std::move(it->second);
+    async_ids_.erase(it);
+  }
+  std::copy(ids.begin(), ids.end(), out_ids);
+}
+
+void CpuBackend::resolve_tokens(Tensor tokens, const Tensor& sampled) {
+  check_dtype("resolve_tokens", "tokens", tokens, DType::i32);
+  check_dtype("resolve_tokens", "sampled", sampled, DType::i32);
+  std::int32_t* t = tokens.as<std::int32_t>();
+  const std::int32_t* ids = sampled.as<std::int32_t>();
+  const std::int64_t rows = sampled.numel();
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    if (t[i] >= 0) continue;
+    const std::int64_t row = -std::int64_t{t[i]} - 1;
+    XSERV_CHECK(row < rows, ErrorCode::invalid_argument,
+                "resolve_tokens: token {} refers to row {} of {} sampled ids", i, row, rows);
+    t[i] = ids[row];
+  }
+}
+
 float logprobs_row(std::span<const float> logits, std::int32_t id, std::int32_t top_n,
                    std::int32_t* top_ids, float* top_logprobs) {
   const auto vocab = static_cast<std::int32_t>(logits.size());
