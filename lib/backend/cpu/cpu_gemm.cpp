@@ -87,6 +87,17 @@ bool gemm_first_tile_prefetch() {
   return on;
 }
 
+// XSERV_CPU_GEMM_DOT=1: prefill GEMMs of f32 out_in weights without packing (GemmProblem::dot,
+// gemm_dot in cpu_kernels.inc), =all: bf16 too; unset or 0: the packed kernel. Read once.
+int gemm_dot_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMM_DOT");
+    const std::string_view s(v ? v : "");
+    return s == "all" ? 2 : s == "1" ? 1 : 0;
+  }();
+  return mode;
+}
+
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
 // instead of 256, a smaller L1 footprint per thread (docs/cpu.md).
 std::int64_t gemm_kc() {
@@ -271,6 +282,22 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
   const auto threads = static_cast<std::int64_t>(pool_.size());
   if (m <= gemv_max_rows) {
     run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
+    return;
+  }
+  if (kt.dot_cols && layout == WeightLayout::out_in &&
+      (w.dtype == DType::f32 || (w.dtype == DType::bf16 && gemm_dot_mode() >= 2)))
+    p.dot = gemm_dot_mode();
+  if (p.dot) {
+    // Unpacked: no packing to amortise, so tasks are column ranges of whole dot_cols groups,
+    // every row, about 4 per thread (claimed dynamically).
+    const std::int64_t groups = (n + kt.dot_cols - 1) / kt.dot_cols;
+    const std::int64_t per_task = std::max<std::int64_t>(1, groups / (4 * threads));
+    const std::int64_t width = per_task * kt.dot_cols;
+    const std::int64_t tasks = (n + width - 1) / width;
+    pool_.parallel_for(static_cast<std::size_t>(tasks), [&](std::size_t b, std::size_t e) {
+      for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t)
+        kt.gemm_tile(p, 0, m, t * width, std::min(n, (t + 1) * width), gemm_scratch());
+    });
     return;
   }
   GemmSplit split = split_gemm(m, n, threads);

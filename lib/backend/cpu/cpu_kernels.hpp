@@ -34,6 +34,9 @@ struct GemmProblem {
   // The first weight tile of a task prefetched into L2 whole before it is packed
   // (XSERV_CPU_GEMM_FIRST=l2; measurement).
   bool first_tile_prefetch = false;
+  // Prefill GEMMs of out_in weights without packing (gemm_dot, where the table has one:
+  // KernelTable::dot_cols): 0 off, 1 f32 weights, 2 f32 and bf16 (XSERV_CPU_GEMM_DOT=1|all).
+  int dot = 0;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
@@ -92,6 +95,8 @@ struct KernelTable {
   void (*silu_mul)(float* out, const float* g, const float* u, std::int64_t n);
   // Index of the first maximum of x[0, n) (greedy sampling); NaN never wins, all NaN gives 0.
   std::int64_t (*argmax)(const float* x, std::int64_t n);
+  // The unpacked out_in GEMM's column group (GemmProblem::dot), 0 where this copy has none.
+  int dot_cols;
 };
 
 namespace generic { extern const KernelTable table; }
