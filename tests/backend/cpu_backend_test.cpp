@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backend/cpu/cpu_amx.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
@@ -868,4 +869,116 @@ TEST_CASE("make_backend gives the CPU backend, and CUDA is reported honestly", "
   std::vector<float> w(4, 1.0f);
   Tensor host(w.data(), DType::f32, Shape{4});
   REQUIRE(be->import_weight(host).data == w.data());
+}
+
+// The AMX prefill GEMM (cpu_amx.hpp): its loops with the tiles emulated on every CPU (packing
+// into pair tiles, K and row padding, the 32-column groups, the epilogue and GELU), the tile
+// instructions themselves where this CPU and kernel allow them, and the backend's path with
+// XSERV_CPU_AMX=1 there. The reference rounds A to bf16 as the kernel does.
+TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles where the CPU has them", "[cpu]") {
+  std::mt19937 rng(11);
+  struct Case {
+    std::int64_t m, k, n, n0, n1;
+    bool gelu;
+  };
+  const Case cases[] = {{9, 70, 40, 0, 40, false},     {33, 64, 64, 0, 64, true},
+                        {40, 300, 70, 16, 70, false},  {64, 1024, 96, 32, 96, true},
+                        {17, 0, 20, 0, 20, false},     {1, 31, 5, 0, 5, false}};
+  const bool hw = cpu::amx_bf16_usable();
+  for (const auto& c : cases) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " cols " << c.n0 << ".." << c.n1
+              << " gelu=" << c.gelu);
+    auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+    auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), DType::bf16);
+    auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+    const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
+    const float beta = c.gelu ? 0.0f : 1.0f;
+    const std::int64_t lda = cpu::amx_padded(c.k, cpu::amx_k);
+    const std::int64_t rows = cpu::amx_padded(c.m, cpu::amx_rows);
+    std::vector<std::uint16_t> abf(static_cast<std::size_t>(rows * lda), 0xffff);
+    cpu::amx_round_rows(a.data(), c.m, c.k, abf.data(), 0, rows);
+    std::vector<float> a_rounded(a.size());
+    for (std::int64_t i = 0; i < c.m; ++i) {
+      convert_to_f32(abf.data() + i * lda, DType::bf16, a_rounded.data() + i * c.k, static_cast<std::size_t>(c.k));
+      for (std::int64_t kk = c.k; kk < lda; ++kk) REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+    }
+    for (std::int64_t i = c.m; i < rows; ++i)
+      for (std::int64_t kk = 0; kk < lda; ++kk) REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+    std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = c.n0; j < c.n1; ++j) {
+        const auto o = static_cast<std::size_t>(i * c.n + j);
+        double s = bias[static_cast<std::size_t>(j)] + beta * out0[o], s_abs = 0.0;
+        for (std::int64_t kk = 0; kk < c.k; ++kk) {
+          const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                           w.values[static_cast<std::size_t>(j * c.k + kk)];
+          s += v;
+          s_abs += std::abs(v);
+        }
+        if (c.gelu) s = 0.5 * s * (1.0 + std::tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+        want[o] = s;
+        mag[o] = s_abs + 1.0;
+      }
+    std::vector<float> scratch_store(static_cast<std::size_t>(cpu::amx_scratch_bytes(lda) / 4 + 16));
+    void* scratch = reinterpret_cast<void*>(
+        (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
+    for (int run = 0; run < (hw ? 2 : 1); ++run) {
+      INFO((run ? "AMX tiles" : "emulated tiles"));
+      std::vector<float> out(want.size(), NAN);  // outside the columns: untouched
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
+          out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
+      cpu::GemmProblem p;
+      p.a = a.data();
+      p.m = c.m;
+      p.k = c.k;
+      p.n = c.n;
+      p.w = w.tensor({c.n, c.k}).data;
+      p.w_dtype = DType::bf16;
+      p.layout = WeightLayout::out_in;
+      p.bias = bias.data();
+      p.beta = beta;
+      p.out = out.data();
+      p.ldo = c.n;
+      p.gelu = c.gelu;
+      p.a_bf16 = abf.data();
+      p.lda_bf16 = lda;
+      if (run == 0)
+        cpu::amx_gemm_columns_emulated(p, c.n0, c.n1, scratch);
+      else
+        cpu::amx_gemm_columns(p, c.n0, c.n1, scratch);
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const auto o = static_cast<std::size_t>(i * c.n + j);
+          if (j < c.n0 || j >= c.n1) {
+            REQUIRE(std::isnan(out[o]));
+            continue;
+          }
+          INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
+          REQUIRE(std::abs(out[o] - want[o]) <= 1e-5 * mag[o]);
+        }
+    }
+    if (!hw || c.m <= cpu::gemv_max_rows) continue;  // (GEMV rows keep f32 activations)
+    // The backend's path: A rounded by the pool, tasks of 32-column groups (all columns here).
+    ScopedEnv amx("XSERV_CPU_AMX", "1");
+    CpuBackend be(BackendOptions{3, 0});
+    REQUIRE(be.name().find("AMX") != std::string::npos);
+    std::vector<float> got(want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) got[i] = out0[i];
+    be.gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+            w.tensor({c.n, c.k}), WeightLayout::out_in, view(bias, {c.n}), 1.0f);
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        const auto o = static_cast<std::size_t>(i * c.n + j);
+        double s = bias[static_cast<std::size_t>(j)] + out0[o], s_abs = 0.0;
+        for (std::int64_t kk = 0; kk < c.k; ++kk) {
+          const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                           w.values[static_cast<std::size_t>(j * c.k + kk)];
+          s += v;
+          s_abs += std::abs(v);
+        }
+        INFO("backend row " << i << " col " << j << " got " << got[o] << " want " << s);
+        REQUIRE(std::abs(got[o] - s) <= 1e-5 * (s_abs + 1.0));
+      }
+  }
 }

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "backend/cpu/cpu_amx.hpp"
 #include "backend/cpu/tensor_checks.hpp"
 
 #ifdef XSERV_HAVE_BLAS
@@ -72,6 +73,10 @@ CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
       // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
       use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512"),
+      amx_([] {
+        const char* v = std::getenv("XSERV_CPU_AMX");
+        return v && std::string_view(v) == "1" && amx_bf16_usable();
+      }()),
       decode_spin_us_(decode_spin_us()),
       prefill_spin_us_(prefill_spin_us(decode_spin_us_)),
       idle_spin_us_(pool_.spin_us()) {
@@ -87,8 +92,8 @@ std::string CpuBackend::name() const {
 #else
   const bool blas = false && use_blas_;
 #endif
-  return fmt::format("cpu ({} threads, {} kernels{})", pool_.size(), kernels_->isa,
-                     blas ? ", OpenBLAS sgemm" : "");
+  return fmt::format("cpu ({} threads, {} kernels{}{})", pool_.size(), kernels_->isa,
+                     blas ? ", OpenBLAS sgemm" : "", amx_ ? ", AMX bf16 prefill" : "");
 }
 
 Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }

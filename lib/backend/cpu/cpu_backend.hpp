@@ -89,6 +89,10 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
+  // Prefill GEMMs of bf16 out_in weights on AMX tiles (XSERV_CPU_AMX=1 where amx_bf16_usable();
+  // cpu_amx.hpp), with A rounded to bf16 into amx_a_ first.
+  bool amx_;
+  std::vector<std::uint16_t> amx_a_;
   // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
   // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_
   // (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200 and decode's) for larger ones; from the

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cpu/cpu_amx.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/tensor_checks.hpp"
 
@@ -35,6 +36,15 @@ float* gemm_scratch() {
   thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats + 16));
   const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
+}
+
+// The calling thread's scratch for amx_gemm_columns (64-byte aligned, grown as K needs).
+void* amx_scratch(std::int64_t lda) {
+  thread_local std::vector<float> scratch;
+  const auto floats = static_cast<std::size_t>(amx_scratch_bytes(lda) / 4 + 16);
+  if (scratch.size() < floats) scratch.resize(floats);
+  const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
+  return reinterpret_cast<void*>((at + 63) & ~std::uintptr_t{63});
 }
 
 // XSERV_CPU_GEMM_PREFETCH: where the prefill GEMM prefetches the next weight tile while it
@@ -282,6 +292,27 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
   const auto threads = static_cast<std::int64_t>(pool_.size());
   if (m <= gemv_max_rows) {
     run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
+    return;
+  }
+  if (amx_ && w.dtype == DType::bf16 && layout == WeightLayout::out_in) {
+    // A rounded to bf16 once (rows padded to whole tile steps), then tasks of whole 32-column
+    // groups, about 4 per thread, each packing its W rows for the tiles.
+    const std::int64_t lda = amx_padded(p.k, amx_k), rows = amx_padded(m, amx_rows);
+    amx_a_.resize(static_cast<std::size_t>(rows * lda));
+    std::uint16_t* abf = amx_a_.data();
+    pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
+      amx_round_rows(p.a, m, p.k, abf, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
+    }, 8);
+    p.a_bf16 = abf;
+    p.lda_bf16 = lda;
+    const std::int64_t groups = (n + 31) / 32;
+    const std::int64_t width = 32 * std::max<std::int64_t>(1, groups / (4 * threads));
+    const std::int64_t tasks = (n + width - 1) / width;
+    pool_.parallel_for(static_cast<std::size_t>(tasks), [&](std::size_t b, std::size_t e) {
+      void* scratch = amx_scratch(lda);
+      for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t)
+        amx_gemm_columns(p, t * width, std::min(n, (t + 1) * width), scratch);
+    });
     return;
   }
   if (kt.dot_cols && layout == WeightLayout::out_in &&
