@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 16 on the GPU machine's CPU, one round request (scripts/device_round.sh): the unpacked
-# out_in prefill GEMM (XSERV_CPU_GEMM_DOT=1: f32, =all: bf16 too; gemm_dot in cpu_kernels.inc)
-# and XSERV_CPU_GEMM_FIRST=l2 against the default (the packed kernel, main's path) in one
-# CPU-only build: [cpu] tests (also with the dot kernel on), the GEMMs alone at 1 and 8 threads,
-# whole prefills of 3 interleaved runs.
+# out_in prefill GEMM (XSERV_CPU_GEMM_DOT=1: f32, =all: bf16 too; gemm_dot in cpu_kernels.inc),
+# XSERV_CPU_GEMM_FIRST=l2 and the AMX bf16 prefill GEMM (XSERV_CPU_AMX=1, cpu_amx.hpp) against
+# the default (the packed kernel, main's path) in one CPU-only build: [cpu] tests (the AMX case
+# runs the tiles where the CPU has them; the GEMM tests again with the dot kernel on), the GEMMs
+# alone at 1 and 8 threads, whole prefills of 3 interleaved runs, prefill profiles.
 #   OUT=... bash bench/device/cpu_dot_round.sh        (from the repository root)
 set -u
 OUT=${OUT:-/tmp/out}
@@ -31,7 +32,7 @@ B=/tmp/b/bench
 # (5 qkv, 6 attn_out, 7 mlp_up, 8 mlp_down), Qwen3 gate_up and down bf16 (10, 11).
 gf() { grep '^BM_gemm' "$1" | awk '{ for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) { v = substr($i, 9); sub(/\/s/, "", v); printf "%.0f ", v } }'; }
 echo "| variant | 1 thread: qkv attn_out mlp_up mlp_down q3_gate_up q3_down | 8 threads: the same |" | tee -a "$OUT/summary.md"
-for v in "pack:" "dot:XSERV_CPU_GEMM_DOT=all" "first:XSERV_CPU_GEMM_FIRST=l2"; do
+for v in "pack:" "dot:XSERV_CPU_GEMM_DOT=all" "amx:XSERV_CPU_AMX=1"; do
   name=${v%%:*}; vars=${v#*:}
   envs=(); [ -n "$vars" ] && envs=("$vars")
   env "${envs[@]}" XSERV_BENCH_THREADS=1 taskset -c 0 $B/cpu_ops_bench \
@@ -42,12 +43,12 @@ for v in "pack:" "dot:XSERV_CPU_GEMM_DOT=all" "first:XSERV_CPU_GEMM_FIRST=l2"; d
 done
 stamp "gemms measured"
 
-# Whole prefills (3 interleaved runs each, min / median / max): GPT-2 at 8 and 2 threads,
-# Qwen3-0.6B at 8 (bf16 through the dot kernel too).
-ROWS="this:gpt2:8:pack  this:gpt2:8:dot:XSERV_CPU_GEMM_DOT=1  this:gpt2:8:first:XSERV_CPU_GEMM_FIRST=l2;
-  this:qwen3-0.6b:8:pack  this:qwen3-0.6b:8:dot_all:XSERV_CPU_GEMM_DOT=all;
-  this:gpt2:2:pack  this:gpt2:2:dot:XSERV_CPU_GEMM_DOT=1" \
-  BUILD=/tmp/b RUNS=3 GEN_LEN=8 MD="$OUT/rows.md" timeout 100 bench/cpu_prefill_probe.sh "$OUT/probe" >/dev/null 2>"$OUT/probe_err.log"
+# Whole prefills (3 interleaved runs each, min / median / max): Qwen3-0.6B at 2 and 8 threads
+# with and without AMX, GPT-2 at 8 with the unpacked kernel and the first-tile prefetch.
+ROWS="this:qwen3-0.6b:2:pack  this:qwen3-0.6b:2:amx:XSERV_CPU_AMX=1;
+  this:qwen3-0.6b:8:pack  this:qwen3-0.6b:8:amx:XSERV_CPU_AMX=1;
+  this:gpt2:8:pack  this:gpt2:8:dot:XSERV_CPU_GEMM_DOT=1  this:gpt2:8:first:XSERV_CPU_GEMM_FIRST=l2" \
+  BUILD=/tmp/b RUNS=3 GEN_LEN=4 MD="$OUT/rows.md" timeout 110 bench/cpu_prefill_probe.sh "$OUT/probe" >/dev/null 2>"$OUT/probe_err.log"
 grep '^| this' "$OUT/rows.md" | tee -a "$OUT/summary.md"
 stamp "prefills measured"
 # Where the prefill goes: Qwen3-0.6B at 2 threads, GPT-2 at 8 (packed and unpacked).
@@ -59,8 +60,11 @@ prof() {  # name model threads env...
   { echo "## prefill profile $name"; sed -n '/^profile of the prefill/,/^| all ops/p' "$OUT/profile_$name.txt" | head -16; } >>"$OUT/summary.md"
 }
 prof qwen3_2 qwen3-0.6b 2
+prof qwen3_2_amx qwen3-0.6b 2 XSERV_CPU_AMX=1
 prof gpt2_8 gpt2 8
-prof gpt2_8_dot gpt2 8 XSERV_CPU_GEMM_DOT=1
+grep '^backend' "$OUT/profile_qwen3_2_amx.txt" >>"$OUT/summary.md"
 stamp profiled
+# The probe's per-run lines, in case its time limit cut a block before its table.
+grep -o '^this:[^ ]* run [0-9]*:\|^| 1 |.*' "$OUT/probe/prefill_runs.txt" 2>/dev/null | paste - - >"$OUT/runs.txt"
 (cd "$OUT" && tar czf raw.tgz g1_* g8_* probe && rm -rf g1_* g8_* probe)
 cat "$OUT/summary.md"
