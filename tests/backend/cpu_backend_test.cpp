@@ -879,20 +879,25 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
   std::mt19937 rng(11);
   struct Case {
     std::int64_t m, k, n, n0, n1;
-    bool gelu;
+    bool gelu, bias;
+    float beta;
   };
-  const Case cases[] = {{9, 70, 40, 0, 40, false},     {33, 64, 64, 0, 64, true},
-                        {40, 300, 70, 16, 70, false},  {64, 1024, 96, 32, 96, true},
-                        {17, 0, 20, 0, 20, false},     {1, 31, 5, 0, 5, false}};
+  // Without bias or GELU and with beta 0 or 1, whole 32 x 32 blocks go between out and the
+  // tiles directly (the last two cases); the others through the scalar epilogue.
+  const Case cases[] = {{9, 70, 40, 0, 40, false, true, 1.0f},   {33, 64, 64, 0, 64, true, true, 0.0f},
+                        {40, 300, 70, 16, 70, false, true, 1.0f}, {64, 1024, 96, 32, 96, true, true, 0.0f},
+                        {17, 0, 20, 0, 20, false, true, 1.0f},    {1, 31, 5, 0, 5, false, true, 1.0f},
+                        {70, 200, 100, 0, 100, false, false, 1.0f}, {64, 96, 64, 0, 64, false, false, 0.0f}};
   const bool hw = cpu::amx_bf16_usable();
   for (const auto& c : cases) {
     INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " cols " << c.n0 << ".." << c.n1
-              << " gelu=" << c.gelu);
+              << " gelu=" << c.gelu << " bias=" << c.bias << " beta=" << c.beta);
     auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
     auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), DType::bf16);
     auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+    if (!c.bias) std::fill(bias.begin(), bias.end(), 0.0f);
     const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
-    const float beta = c.gelu ? 0.0f : 1.0f;
+    const float beta = c.beta;
     const std::int64_t lda = cpu::amx_padded(c.k, cpu::amx_k);
     const std::int64_t rows = cpu::amx_padded(c.m, cpu::amx_rows);
     std::vector<std::uint16_t> abf(static_cast<std::size_t>(rows * lda), 0xffff);
@@ -936,7 +941,7 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
       p.w = w.tensor({c.n, c.k}).data;
       p.w_dtype = DType::bf16;
       p.layout = WeightLayout::out_in;
-      p.bias = bias.data();
+      p.bias = c.bias ? bias.data() : nullptr;
       p.beta = beta;
       p.out = out.data();
       p.ldo = c.n;
@@ -966,7 +971,7 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
     std::vector<float> got(want.size());
     for (std::size_t i = 0; i < got.size(); ++i) got[i] = out0[i];
     be.gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
-            w.tensor({c.n, c.k}), WeightLayout::out_in, view(bias, {c.n}), 1.0f);
+            w.tensor({c.n, c.k}), WeightLayout::out_in, c.bias ? view(bias, {c.n}) : Tensor{}, 1.0f);
     for (std::int64_t i = 0; i < c.m; ++i)
       for (std::int64_t j = 0; j < c.n; ++j) {
         const auto o = static_cast<std::size_t>(i * c.n + j);
@@ -979,6 +984,26 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
         }
         INFO("backend row " << i << " col " << j << " got " << got[o] << " want " << s);
         REQUIRE(std::abs(got[o] - s) <= 1e-5 * (s_abs + 1.0));
+      }
+    // gemm_parts: W's first 32 rows and the rest as two parts, one A rounding, one loop.
+    if (c.n <= 32) continue;
+    const auto* wd = static_cast<const std::uint16_t*>(w.tensor({c.n, c.k}).data);
+    const Tensor parts[] = {Tensor(const_cast<std::uint16_t*>(wd), DType::bf16, Shape{32, c.k}),
+                            Tensor(const_cast<std::uint16_t*>(wd + 32 * c.k), DType::bf16, Shape{c.n - 32, c.k})};
+    std::vector<float> got_parts(want.size(), NAN);
+    be.gemm_parts(Tensor(got_parts.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}), parts, {});
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        const auto o = static_cast<std::size_t>(i * c.n + j);
+        double s = 0.0, s_abs = 0.0;
+        for (std::int64_t kk = 0; kk < c.k; ++kk) {
+          const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                           w.values[static_cast<std::size_t>(j * c.k + kk)];
+          s += v;
+          s_abs += std::abs(v);
+        }
+        INFO("gemm_parts row " << i << " col " << j << " got " << got_parts[o] << " want " << s);
+        REQUIRE(std::abs(got_parts[o] - s) <= 1e-5 * (s_abs + 1.0));
       }
   }
 }

@@ -38,11 +38,17 @@ struct Tiles {
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  static void store_c(float* c) {
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
-    _tile_stored(2, c + 16 * 32, 128);
-    _tile_stored(3, c + 16 * 32 + 16, 128);
+  static void load_c(const float* c, std::int64_t ldc) {
+    _tile_loadd(0, c, ldc * 4);
+    _tile_loadd(1, c + 16, ldc * 4);
+    _tile_loadd(2, c + 16 * ldc, ldc * 4);
+    _tile_loadd(3, c + 16 * ldc + 16, ldc * 4);
+  }
+  static void store_c(float* c, std::int64_t ldc) {
+    _tile_stored(0, c, ldc * 4);
+    _tile_stored(1, c + 16, ldc * 4);
+    _tile_stored(2, c + 16 * ldc, ldc * 4);
+    _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
   }
   // 16 rows of 16 pairs (32-bit lanes) transposed in registers: unpack pairs of rows, pairs of
   // pairs, then a 4 x 4 transpose of 128-bit lanes (cpu_kernels.inc's transpose_block).

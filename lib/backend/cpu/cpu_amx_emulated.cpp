@@ -59,10 +59,15 @@ struct Tiles {
     dp(2, 5, 6);
     dp(3, 5, 7);
   }
-  static void store_c(float* c) {
+  static void load_c(const float* c, std::int64_t ldc) {
     for (int t = 0; t < 4; ++t)
       for (int r = 0; r < 16; ++r)
-        std::memcpy(c + ((t / 2) * 16 + r) * 32 + (t % 2) * 16, emulated_tiles[t] + r * 64, 64);
+        std::memcpy(emulated_tiles[t] + r * 64, c + ((t / 2) * 16 + r) * ldc + (t % 2) * 16, 64);
+  }
+  static void store_c(float* c, std::int64_t ldc) {
+    for (int t = 0; t < 4; ++t)
+      for (int r = 0; r < 16; ++r)
+        std::memcpy(c + ((t / 2) * 16 + r) * ldc + (t % 2) * 16, emulated_tiles[t] + r * 64, 64);
   }
   static void pack(const std::uint16_t* const* src, std::int64_t kv, std::uint32_t* dst) {
     for (int r = 0; r < 16; ++r)

@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
  private:
   void gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                  const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu);
+  void run_amx(std::span<const GemmProblem> ps);
   void norm(const char* op, Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
             const Tensor& bias, float eps, bool rms);
 

@@ -295,24 +295,7 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
     return;
   }
   if (amx_ && w.dtype == DType::bf16 && layout == WeightLayout::out_in) {
-    // A rounded to bf16 once (rows padded to whole tile steps), then tasks of whole 32-column
-    // groups, about 4 per thread, each packing its W rows for the tiles.
-    const std::int64_t lda = amx_padded(p.k, amx_k), rows = amx_padded(m, amx_rows);
-    amx_a_.resize(static_cast<std::size_t>(rows * lda));
-    std::uint16_t* abf = amx_a_.data();
-    pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
-      amx_round_rows(p.a, m, p.k, abf, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
-    }, 8);
-    p.a_bf16 = abf;
-    p.lda_bf16 = lda;
-    const std::int64_t groups = (n + 31) / 32;
-    const std::int64_t width = 32 * std::max<std::int64_t>(1, groups / (4 * threads));
-    const std::int64_t tasks = (n + width - 1) / width;
-    pool_.parallel_for(static_cast<std::size_t>(tasks), [&](std::size_t b, std::size_t e) {
-      void* scratch = amx_scratch(lda);
-      for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t)
-        amx_gemm_columns(p, t * width, std::min(n, (t + 1) * width), scratch);
-    });
+    run_amx(std::span<const GemmProblem>(&p, 1));
     return;
   }
   if (kt.dot_cols && layout == WeightLayout::out_in &&
@@ -359,12 +342,50 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
   });
 }
 
+// Prefill GEMMs of bf16 out_in weights (every problem's) on AMX tiles: A (the same for all) rounded
+// to bf16 once, then one loop over every problem's 32-column groups, about 4 tasks per thread,
+// each packing its W rows for the tiles (q/k/v: one rounding and one hand-off instead of three).
+void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
+  const GemmProblem& p0 = ps[0];
+  const std::int64_t lda = amx_padded(p0.k, amx_k), rows = amx_padded(p0.m, amx_rows);
+  amx_a_.resize(static_cast<std::size_t>(rows * lda));
+  std::uint16_t* abf = amx_a_.data();
+  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
+    amx_round_rows(p0.a, p0.m, p0.k, abf, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
+  }, 8);
+  GemmProblem q[max_gemv_parts];
+  std::int64_t first_task[max_gemv_parts + 1] = {}, width[max_gemv_parts] = {};
+  std::int64_t groups = 0;
+  for (const GemmProblem& p : ps) groups += (p.n + 31) / 32;
+  const auto threads = static_cast<std::int64_t>(pool_.size());
+  const std::int64_t per_task = std::max<std::int64_t>(1, groups / (4 * threads));
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    q[i] = ps[i];
+    q[i].a_bf16 = abf;
+    q[i].lda_bf16 = lda;
+    width[i] = 32 * per_task;
+    first_task[i + 1] = first_task[i] + (q[i].n + width[i] - 1) / width[i];
+  }
+  pool_.parallel_for(static_cast<std::size_t>(first_task[ps.size()]), [&](std::size_t b, std::size_t e) {
+    void* scratch = amx_scratch(lda);
+    for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t) {
+      std::size_t i = 0;
+      while (t >= first_task[i + 1]) ++i;
+      const std::int64_t c0 = (t - first_task[i]) * width[i];
+      amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+    }
+  });
+}
+
 void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
                             std::span<const Tensor> biases) {
   check_gemm_parts(out, ws, biases);
   XSERV_CHECK(a.shape.rank() == 2, ErrorCode::invalid_argument, "gemm_parts: a {} must be 2-D", a.shape);
-  // Prefill GEMMs are long enough that one loop each costs nothing.
-  if (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts) {
+  const bool amx = amx_ && a.shape[0] > gemv_max_rows && ws.size() <= max_gemv_parts &&
+                   std::all_of(ws.begin(), ws.end(), [](const Tensor& w) { return w.dtype == DType::bf16; });
+  // Prefill GEMMs are long enough that one loop each costs nothing (but the AMX path's A
+  // rounding is shared).
+  if (!amx && (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts)) {
     Backend::gemm_parts(out, a, ws, biases);
     return;
   }
@@ -378,7 +399,10 @@ void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor>
     col += n;
   }
   if (a.shape[0] == 0 || out.shape[1] == 0) return;
-  run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
+  if (amx)
+    run_amx(std::span<const GemmProblem>(ps, ws.size()));
+  else
+    run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
 }
 
 }  // namespace xserv::cpu
