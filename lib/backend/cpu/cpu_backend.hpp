@@ -90,9 +90,10 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
-  // Prefill GEMMs of bf16 out_in weights on AMX tiles (XSERV_CPU_AMX=1 where amx_bf16_usable();
-  // cpu_amx.hpp), with A rounded to bf16 into amx_a_ first.
-  bool amx_;
+  // Prefill GEMMs of bf16 out_in weights on AMX tiles (cpu_amx.hpp), A rounded to bf16 into
+  // amx_a_ first: 0 off, 1 the tiles (the default where amx_bf16_usable(); XSERV_CPU_AMX=0 turns
+  // it off), 2 emulated (XSERV_CPU_AMX=emulate: tests).
+  int amx_;
   std::vector<std::uint16_t> amx_a_;
   // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
   // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_

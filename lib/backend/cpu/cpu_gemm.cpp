@@ -88,24 +88,17 @@ GemvPrefetch gemv_prefetch() {
   return chosen;
 }
 
-// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch).
+// A task's first weight tile prefetched into L2 whole before it is packed
+// (GemmProblem::first_tile_prefetch); XSERV_CPU_GEMM_FIRST=off leaves it to the pack's own loads
+// (the rule before 2026-12-02). Measured on the GPU machine's Xeon (docs/benchmarks.md, issue 16,
+// 2026-12-02 round 1; GPT-2 f32 prefill at 8 threads, 3 interleaved runs): 3221 / 3242 / 3340
+// tok/s against 3033 / 3144 / 3160 without.
 bool gemm_first_tile_prefetch() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
-    return v && std::string_view(v) == "l2";
+    return !(v && std::string_view(v) == "off");
   }();
   return on;
-}
-
-// XSERV_CPU_GEMM_DOT=1: prefill GEMMs of f32 out_in weights without packing (GemmProblem::dot,
-// gemm_dot in cpu_kernels.inc), =all: bf16 too; unset or 0: the packed kernel. Read once.
-int gemm_dot_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("XSERV_CPU_GEMM_DOT");
-    const std::string_view s(v ? v : "");
-    return s == "all" ? 2 : s == "1" ? 1 : 0;
-  }();
-  return mode;
 }
 
 // Measurement only: XSERV_CPU_GEMM_KC=N packs weight tiles N deep (at most the kernels' 256)
@@ -298,22 +291,6 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
     run_amx(std::span<const GemmProblem>(&p, 1));
     return;
   }
-  if (kt.dot_cols && layout == WeightLayout::out_in &&
-      (w.dtype == DType::f32 || (w.dtype == DType::bf16 && gemm_dot_mode() >= 2)))
-    p.dot = gemm_dot_mode();
-  if (p.dot) {
-    // Unpacked: no packing to amortise, so tasks are column ranges of whole dot_cols groups,
-    // every row, about 4 per thread (claimed dynamically).
-    const std::int64_t groups = (n + kt.dot_cols - 1) / kt.dot_cols;
-    const std::int64_t per_task = std::max<std::int64_t>(1, groups / (4 * threads));
-    const std::int64_t width = per_task * kt.dot_cols;
-    const std::int64_t tasks = (n + width - 1) / width;
-    pool_.parallel_for(static_cast<std::size_t>(tasks), [&](std::size_t b, std::size_t e) {
-      for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t)
-        kt.gemm_tile(p, 0, m, t * width, std::min(n, (t + 1) * width), gemm_scratch());
-    });
-    return;
-  }
   GemmSplit split = split_gemm(m, n, threads);
   // Measurement only: XSERV_CPU_GEMM_TILE=W[xR] forces the prefill tile width (a multiple of 32,
   // at most 128) and row blocks, to compare splits on a given machine (docs/cpu.md).
@@ -372,7 +349,10 @@ void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
       std::size_t i = 0;
       while (t >= first_task[i + 1]) ++i;
       const std::int64_t c0 = (t - first_task[i]) * width[i];
-      amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+      if (amx_ == 1)
+        amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+      else
+        amx_gemm_columns_emulated(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
     }
   });
 }

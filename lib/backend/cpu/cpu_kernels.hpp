@@ -32,11 +32,8 @@ struct GemmProblem {
   // 1 L2 only (the backend's default), 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off).
   int pack_prefetch = 1;
   // The first weight tile of a task prefetched into L2 whole before it is packed
-  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
+  // (the default; XSERV_CPU_GEMM_FIRST=off: not).
   bool first_tile_prefetch = false;
-  // Prefill GEMMs of out_in weights without packing (gemm_dot, where the table has one:
-  // KernelTable::dot_cols): 0 off, 1 f32 weights, 2 f32 and bf16 (XSERV_CPU_GEMM_DOT=1|all).
-  int dot = 0;
   // The AMX path (cpu_amx.hpp): A rounded to bf16, rows padded to amx_rows and K to amx_k
   // (lda_bf16 elements apart), or null.
   const std::uint16_t* a_bf16 = nullptr;
@@ -99,8 +96,6 @@ struct KernelTable {
   void (*silu_mul)(float* out, const float* g, const float* u, std::int64_t n);
   // Index of the first maximum of x[0, n) (greedy sampling); NaN never wins, all NaN gives 0.
   std::int64_t (*argmax)(const float* x, std::int64_t n);
-  // The unpacked out_in GEMM's column group (GemmProblem::dot), 0 where this copy has none.
-  int dot_cols;
 };
 
 namespace generic { extern const KernelTable table; }
