@@ -899,10 +899,10 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
     if (!c.bias) std::fill(bias.begin(), bias.end(), 0.0f);
     const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
     const float beta = c.beta;
-    const std::int64_t lda = cpu::amx_padded(c.k, cpu::amx_k);
+    const std::int64_t lda = cpu::amx_lda(c.k, c.m % 2 == 0);  // (odd m: no skew)
     const std::int64_t rows = cpu::amx_padded(c.m, cpu::amx_rows);
     std::vector<std::uint16_t> abf(static_cast<std::size_t>(rows * lda), 0xffff);
-    cpu::amx_round_rows(a.data(), c.m, c.k, abf.data(), 0, rows);
+    cpu::amx_round_rows(a.data(), c.m, c.k, abf.data(), lda, 0, rows);
     std::vector<float> a_rounded(a.size());
     for (std::int64_t i = 0; i < c.m; ++i) {
       convert_to_f32(abf.data() + i * lda, DType::bf16, a_rounded.data() + i * c.k, static_cast<std::size_t>(c.k));
@@ -925,7 +925,7 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
         want[o] = s;
         mag[o] = s_abs + 1.0;
       }
-    std::vector<float> scratch_store(static_cast<std::size_t>(cpu::amx_scratch_bytes(lda) / 4 + 16));
+    std::vector<float> scratch_store(static_cast<std::size_t>(cpu::amx_scratch_bytes(c.k) / 4 + 16));
     void* scratch = reinterpret_cast<void*>(
         (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
     for (int run = 0; run < (hw ? 2 : 1); ++run) {

@@ -89,8 +89,7 @@ void amx_gemm_columns_emulated(const GemmProblem& p, std::int64_t n0, std::int64
 }
 
 void amx_round_rows(const float* a, std::int64_t m, std::int64_t k, std::uint16_t* a_bf16,
-                    std::int64_t r0, std::int64_t r1) noexcept {
-  const std::int64_t lda = amx_padded(k, amx_k);
+                    std::int64_t lda, std::int64_t r0, std::int64_t r1) noexcept {
   for (std::int64_t r = r0; r < r1; ++r) {
     std::uint16_t* o = a_bf16 + r * lda;
     std::int64_t i = 0;

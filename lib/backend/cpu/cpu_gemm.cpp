@@ -39,9 +39,9 @@ float* gemm_scratch() {
 }
 
 // The calling thread's scratch for amx_gemm_columns (64-byte aligned, grown as K needs).
-void* amx_scratch(std::int64_t lda) {
+void* amx_scratch(std::int64_t k) {
   thread_local std::vector<float> scratch;
-  const auto floats = static_cast<std::size_t>(amx_scratch_bytes(lda) / 4 + 16);
+  const auto floats = static_cast<std::size_t>(amx_scratch_bytes(k) / 4 + 16);
   if (scratch.size() < floats) scratch.resize(floats);
   const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
   return reinterpret_cast<void*>((at + 63) & ~std::uintptr_t{63});
@@ -324,11 +324,16 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
 // each packing its W rows for the tiles (q/k/v: one rounding and one hand-off instead of three).
 void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
   const GemmProblem& p0 = ps[0];
-  const std::int64_t lda = amx_padded(p0.k, amx_k), rows = amx_padded(p0.m, amx_rows);
+  // Measurement: XSERV_CPU_AMX_LDA=tight, A's rows K (padded to tiles) apart, no skew.
+  static const bool skew = [] {
+    const char* v = std::getenv("XSERV_CPU_AMX_LDA");
+    return !(v && std::string_view(v) == "tight");
+  }();
+  const std::int64_t lda = amx_lda(p0.k, skew), rows = amx_padded(p0.m, amx_rows);
   amx_a_.resize(static_cast<std::size_t>(rows * lda));
   std::uint16_t* abf = amx_a_.data();
   pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
-    amx_round_rows(p0.a, p0.m, p0.k, abf, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
+    amx_round_rows(p0.a, p0.m, p0.k, abf, lda, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
   }, 8);
   GemmProblem q[max_gemv_parts];
   std::int64_t first_task[max_gemv_parts + 1] = {}, width[max_gemv_parts] = {};
@@ -344,7 +349,7 @@ void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
     first_task[i + 1] = first_task[i] + (q[i].n + width[i] - 1) / width[i];
   }
   pool_.parallel_for(static_cast<std::size_t>(first_task[ps.size()]), [&](std::size_t b, std::size_t e) {
-    void* scratch = amx_scratch(lda);
+    void* scratch = amx_scratch(p0.k);
     for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t) {
       std::size_t i = 0;
       while (t >= first_task[i + 1]) ++i;
