@@ -71,7 +71,8 @@ void BM_gemm(benchmark::State& state) {
   Buffer out_buf(cpu_allocator(), static_cast<std::size_t>(m * s.n) * 4);
   Buffer w_buf(cpu_allocator(), static_cast<std::size_t>(s.k * s.n) * 4);
   const std::span<float> a(static_cast<float*>(a_buf.data()), static_cast<std::size_t>(m * s.k));
-  const std::span<float> out(static_cast<float*>(out_buf.data()), static_cast<std::size_t>(m * s.n));
+  const std::span<float> out(static_cast<float*>(out_buf.data()),
+                             static_cast<std::size_t>(m * s.n));
   const std::span<float> wf(static_cast<float*>(w_buf.data()), static_cast<std::size_t>(s.k * s.n));
   for (auto& x : a) x = dist(rng);
   for (auto& x : wf) x = dist(rng);

@@ -1,11 +1,12 @@
 // CPU backend ops against naive references (double precision, written here) on random inputs:
 // odd sizes, every weight dtype, every kernel table this CPU runs, paged multi-sequence batches
 // with shuffled block tables and GQA ratios 1/2/4.
+#include "backend/cpu/cpu_backend.hpp"
+
 #include <algorithm>
 #include <numeric>
 
 #include "backend/cpu/cpu_amx.hpp"
-#include "backend/cpu/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 #include "support/scoped_env.hpp"
@@ -139,11 +140,12 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
             bool first = false;
             bool gelu = false;
           };
-          const Variant variants[] = {{0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}, {0, 1, true, true}};
+          const Variant variants[] = {
+              {0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}, {0, 1, true, true}};
           for (const Variant& v : variants) {
-            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
-                         << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
-                         << " prefetch=" << v.level << " first=" << v.first << " gelu=" << v.gelu);
+            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
+                         << " out_in=" << out_in << " kc=" << v.kc << " prefetch=" << v.level
+                         << " first=" << v.first << " gelu=" << v.gelu);
             // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
             std::vector<float> out(want.size(), NAN);
             for (std::int64_t i = 0; i < c.m; ++i)
@@ -175,7 +177,8 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
                 }
                 // gelu_tanh's slope is at most 1.13: the sum's error bound grows by that.
                 const double x = want[o];
-                const double g = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+                const double g =
+                    0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
                 const double expect = p.gelu ? g : x;
                 INFO("row " << i << " col " << j << " got " << out[o] << " want " << expect);
                 REQUIRE(std::abs(out[o] - expect) <= (p.gelu ? 3e-6 : 2e-6) * mag[o]);
@@ -872,7 +875,10 @@ TEST_CASE("make_backend gives the CPU backend, and CUDA is reported honestly", "
 // into pair tiles, K and row padding, the 32-column groups, the epilogue and GELU), the tile
 // instructions themselves where this CPU and kernel allow them, and the backend's path with
 // XSERV_CPU_AMX=1 there. The reference rounds A to bf16 as the kernel does.
-TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles where the CPU has them", "[cpu]") {
+TEST_CASE(
+    "cpu AMX bf16 prefill GEMM on emulated tiles everywhere and on the tiles where the CPU has "
+    "them",
+    "[cpu]") {
   std::mt19937 rng(11);
   struct Case {
     std::int64_t m, k, n, n0, n1;
@@ -881,10 +887,11 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
   };
   // Without bias or GELU and with beta 0 or 1, whole 32 x 32 blocks go between out and the
   // tiles directly (the last two cases); the others through the scalar epilogue.
-  const Case cases[] = {{9, 70, 40, 0, 40, false, true, 1.0f},   {33, 64, 64, 0, 64, true, true, 0.0f},
-                        {40, 300, 70, 16, 70, false, true, 1.0f}, {64, 1024, 96, 32, 96, true, true, 0.0f},
-                        {17, 0, 20, 0, 20, false, true, 1.0f},    {1, 31, 5, 0, 5, false, true, 1.0f},
-                        {70, 200, 100, 0, 100, false, false, 1.0f}, {64, 96, 64, 0, 64, false, false, 0.0f}};
+  const Case cases[] = {
+      {9, 70, 40, 0, 40, false, true, 1.0f},      {33, 64, 64, 0, 64, true, true, 0.0f},
+      {40, 300, 70, 16, 70, false, true, 1.0f},   {64, 1024, 96, 32, 96, true, true, 0.0f},
+      {17, 0, 20, 0, 20, false, true, 1.0f},      {1, 31, 5, 0, 5, false, true, 1.0f},
+      {70, 200, 100, 0, 100, false, false, 1.0f}, {64, 96, 64, 0, 64, false, false, 0.0f}};
   const bool hw = cpu::amx_bf16_usable();
   {
     ScopedEnv off("XSERV_CPU_AMX", "0");
@@ -905,11 +912,14 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
     cpu::amx_round_rows(a.data(), c.m, c.k, abf.data(), lda, 0, rows);
     std::vector<float> a_rounded(a.size());
     for (std::int64_t i = 0; i < c.m; ++i) {
-      convert_to_f32(abf.data() + i * lda, DType::bf16, a_rounded.data() + i * c.k, static_cast<std::size_t>(c.k));
-      for (std::int64_t kk = c.k; kk < lda; ++kk) REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+      convert_to_f32(abf.data() + i * lda, DType::bf16, a_rounded.data() + i * c.k,
+                     static_cast<std::size_t>(c.k));
+      for (std::int64_t kk = c.k; kk < lda; ++kk)
+        REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
     }
     for (std::int64_t i = c.m; i < rows; ++i)
-      for (std::int64_t kk = 0; kk < lda; ++kk) REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+      for (std::int64_t kk = 0; kk < lda; ++kk)
+        REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
     std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
     for (std::int64_t i = 0; i < c.m; ++i)
       for (std::int64_t j = c.n0; j < c.n1; ++j) {
@@ -921,11 +931,13 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
           s += v;
           s_abs += std::abs(v);
         }
-        if (c.gelu) s = 0.5 * s * (1.0 + std::tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+        if (c.gelu)
+          s = 0.5 * s * (1.0 + std::tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
         want[o] = s;
         mag[o] = s_abs + 1.0;
       }
-    std::vector<float> scratch_store(static_cast<std::size_t>(cpu::amx_scratch_bytes(c.k) / 4 + 16));
+    std::vector<float> scratch_store(
+        static_cast<std::size_t>(cpu::amx_scratch_bytes(c.k) / 4 + 16));
     void* scratch = reinterpret_cast<void*>(
         (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
     for (int run = 0; run < (hw ? 2 : 1); ++run) {
@@ -976,14 +988,16 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
       std::vector<float> got(want.size());
       for (std::size_t i = 0; i < got.size(); ++i) got[i] = out0[i];
       be.gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
-              w.tensor({c.n, c.k}), WeightLayout::out_in, c.bias ? view(bias, {c.n}) : Tensor{}, 1.0f);
+              w.tensor({c.n, c.k}), WeightLayout::out_in, c.bias ? view(bias, {c.n}) : Tensor{},
+              1.0f);
       for (std::int64_t i = 0; i < c.m; ++i)
         for (std::int64_t j = 0; j < c.n; ++j) {
           const auto o = static_cast<std::size_t>(i * c.n + j);
           double s = bias[static_cast<std::size_t>(j)] + out0[o], s_abs = 0.0;
           for (std::int64_t kk = 0; kk < c.k; ++kk) {
-            const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
-                             w.values[static_cast<std::size_t>(j * c.k + kk)];
+            const double v =
+                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                w.values[static_cast<std::size_t>(j * c.k + kk)];
             s += v;
             s_abs += std::abs(v);
           }
@@ -993,17 +1007,20 @@ TEST_CASE("cpu AMX bf16 prefill GEMM, emulated tiles everywhere and the tiles wh
       // gemm_parts: W's first 32 rows and the rest as two parts, one A rounding, one loop.
       if (c.n <= 32) continue;
       const auto* wd = static_cast<const std::uint16_t*>(w.tensor({c.n, c.k}).data);
-      const Tensor parts[] = {Tensor(const_cast<std::uint16_t*>(wd), DType::bf16, Shape{32, c.k}),
-                              Tensor(const_cast<std::uint16_t*>(wd + 32 * c.k), DType::bf16, Shape{c.n - 32, c.k})};
+      const Tensor parts[] = {
+          Tensor(const_cast<std::uint16_t*>(wd), DType::bf16, Shape{32, c.k}),
+          Tensor(const_cast<std::uint16_t*>(wd + 32 * c.k), DType::bf16, Shape{c.n - 32, c.k})};
       std::vector<float> got_parts(want.size(), NAN);
-      be.gemm_parts(Tensor(got_parts.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}), parts, {});
+      be.gemm_parts(Tensor(got_parts.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+                    parts, {});
       for (std::int64_t i = 0; i < c.m; ++i)
         for (std::int64_t j = 0; j < c.n; ++j) {
           const auto o = static_cast<std::size_t>(i * c.n + j);
           double s = 0.0, s_abs = 0.0;
           for (std::int64_t kk = 0; kk < c.k; ++kk) {
-            const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
-                             w.values[static_cast<std::size_t>(j * c.k + kk)];
+            const double v =
+                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                w.values[static_cast<std::size_t>(j * c.k + kk)];
             s += v;
             s_abs += std::abs(v);
           }

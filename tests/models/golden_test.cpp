@@ -1,10 +1,10 @@
 // Parity with Hugging Face transformers on the committed fixtures (made by
 // tests/reference/make_model_fixtures.py, see each golden.json's "meta"): logits of one forward
 // over each prompt, and 32-token greedy continuations through the Engine.
-#include <catch2/catch.hpp>
-
+#include "support/golden.hpp"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -17,7 +17,6 @@
 #include "io/safetensors.hpp"
 #include "kv/kv_cache.hpp"
 #include "models/model.hpp"
-#include "support/golden.hpp"
 #include "support/scoped_env.hpp"
 
 using namespace xserv;
@@ -108,8 +107,9 @@ TEST_CASE("tiny-qwen3-bf16 (bf16 weights) matches transformers on upcast weights
 // transformers' own bf16 matmuls do: against the f32 reference the logits move by that rounding
 // (measured with the emulated tiles: up to 0.85% of the row's largest logit), so the bound here
 // is 2%, and the continuations are not compared (one of four flipped a near tie).
-TEST_CASE("tiny-qwen3-bf16 with the AMX bf16 prefill GEMM stays within bf16 rounding of transformers",
-          "[models][golden]") {
+TEST_CASE(
+    "tiny-qwen3-bf16 with the AMX bf16 prefill GEMM stays within bf16 rounding of transformers",
+    "[models][golden]") {
   const test::ScopedEnv env("XSERV_CPU_AMX", cpu::amx_bf16_usable() ? "1" : "emulate");
   const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16";
   check_golden(d, d, 2e-2f, false);

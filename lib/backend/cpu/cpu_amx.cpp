@@ -1,10 +1,10 @@
 // The AMX prefill GEMM on the tile instructions (cpu_amx.hpp). Compiled with AMX-TILE, AMX-BF16
 // and AVX-512 flags; called only where amx_bf16_usable() (cpu_amx_emulated.cpp).
+#include "backend/cpu/cpu_amx.hpp"
+
 #include <immintrin.h>
 
 #include <cstdint>
-
-#include "backend/cpu/cpu_amx.hpp"
 
 namespace xserv::cpu {
 namespace {
@@ -58,7 +58,8 @@ struct Tiles {
     const __mmask32 valid = kv >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << kv) - 1u);
     __m512 r[16];
     for (int c = 0; c < 16; ++c)
-      r[c] = src[c] ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(valid, src[c])) : _mm512_setzero_ps();
+      r[c] = src[c] ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(valid, src[c]))
+                    : _mm512_setzero_ps();
     __m512 t[16];
     for (int i = 0; i < 8; ++i) {
       t[2 * i] = _mm512_maskz_unpacklo_ps(all16, r[2 * i], r[2 * i + 1]);

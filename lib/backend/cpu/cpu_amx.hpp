@@ -18,7 +18,9 @@ bool amx_bf16_usable() noexcept;
 inline constexpr std::int64_t amx_rows = 32;
 // K of one tile (32 bf16 = 64 bytes per tile row): A rows and packed W are padded to it.
 inline constexpr std::int64_t amx_k = 32;
-inline std::int64_t amx_padded(std::int64_t x, std::int64_t step) noexcept { return (x + step - 1) / step * step; }
+inline std::int64_t amx_padded(std::int64_t x, std::int64_t step) noexcept {
+  return (x + step - 1) / step * step;
+}
 
 // A's row stride in bf16 for K: K padded to whole tiles plus one tile row (64 bytes), so the 16
 // rows of an A tile fall in 16 different L1 sets (a stride of a multiple of 2 KB, as 1024- and
@@ -39,7 +41,8 @@ void amx_round_rows(const float* a, std::int64_t m, std::int64_t k, std::uint16_
 void amx_gemm_columns(const GemmProblem& p, std::int64_t n0, std::int64_t n1, void* scratch);
 // The same loops with the tile instructions emulated in scalar code: the packing, padding and
 // epilogue checked on any CPU (tests).
-void amx_gemm_columns_emulated(const GemmProblem& p, std::int64_t n0, std::int64_t n1, void* scratch);
+void amx_gemm_columns_emulated(const GemmProblem& p, std::int64_t n0, std::int64_t n1,
+                               void* scratch);
 // 32 columns of W packed for the tiles (K padded to whole tiles, bf16) and a 32 x 32 f32 block of
 // results.
 inline std::int64_t amx_scratch_bytes(std::int64_t k) noexcept {

@@ -29,7 +29,8 @@ struct Tiles {
   static void end() {}
   static void zero_c() { std::memset(emulated_tiles, 0, 4 * 1024); }
   static void load(int t, const void* p, std::int64_t stride) {
-    for (int r = 0; r < 16; ++r) std::memcpy(emulated_tiles[t] + r * 64, static_cast<const char*>(p) + r * stride, 64);
+    for (int r = 0; r < 16; ++r)
+      std::memcpy(emulated_tiles[t] + r * 64, static_cast<const char*>(p) + r * stride, 64);
   }
   // TDPBF16PS: c[m][n] += sum over pairs k of a[m][2k] b[k][2n] + a[m][2k + 1] b[k][2n + 1].
   static void dp(int ct, int at, int bt) {
@@ -74,7 +75,8 @@ struct Tiles {
       for (int c = 0; c < 16; ++c) {
         std::uint32_t pair = 0;
         for (int h = 0; h < 2; ++h)
-          if (src[c] && 2 * r + h < kv) pair |= static_cast<std::uint32_t>(src[c][2 * r + h]) << (16 * h);
+          if (src[c] && 2 * r + h < kv)
+            pair |= static_cast<std::uint32_t>(src[c][2 * r + h]) << (16 * h);
         dst[r * 16 + c] = pair;
       }
   }
@@ -84,7 +86,8 @@ struct Tiles {
 
 }  // namespace
 
-void amx_gemm_columns_emulated(const GemmProblem& p, std::int64_t n0, std::int64_t n1, void* scratch) {
+void amx_gemm_columns_emulated(const GemmProblem& p, std::int64_t n0, std::int64_t n1,
+                               void* scratch) {
   columns(p, n0, n1, scratch);
 }
 
@@ -97,8 +100,9 @@ void amx_round_rows(const float* a, std::int64_t m, std::int64_t k, std::uint16_
       for (; i < k; ++i) {  // round to nearest even; NaN stays NaN (quiet)
         std::uint32_t u;
         std::memcpy(&u, a + r * k + i, 4);
-        o[i] = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<std::uint16_t>((u >> 16) | 0x40u)
-                                                : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        o[i] = (u & 0x7fffffffu) > 0x7f800000u
+                   ? static_cast<std::uint16_t>((u >> 16) | 0x40u)
+                   : static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
       }
     for (; i < lda; ++i) o[i] = 0;
   }

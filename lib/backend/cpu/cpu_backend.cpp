@@ -105,7 +105,9 @@ std::string CpuBackend::name() const {
 #endif
   return fmt::format("cpu ({} threads, {} kernels{}{})", pool_.size(), kernels_->isa,
                      blas ? ", OpenBLAS sgemm" : "",
-                     amx_ == 1 ? ", AMX bf16 prefill" : amx_ == 2 ? ", AMX bf16 prefill emulated" : "");
+                     amx_ == 1   ? ", AMX bf16 prefill"
+                     : amx_ == 2 ? ", AMX bf16 prefill emulated"
+                                 : "");
 }
 
 Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }

@@ -332,9 +332,13 @@ void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
   const std::int64_t lda = amx_lda(p0.k, skew), rows = amx_padded(p0.m, amx_rows);
   amx_a_.resize(static_cast<std::size_t>(rows * lda));
   std::uint16_t* abf = amx_a_.data();
-  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t b, std::size_t e) {
-    amx_round_rows(p0.a, p0.m, p0.k, abf, lda, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
-  }, 8);
+  pool_.parallel_for(
+      static_cast<std::size_t>(rows),
+      [&](std::size_t b, std::size_t e) {
+        amx_round_rows(p0.a, p0.m, p0.k, abf, lda, static_cast<std::int64_t>(b),
+                       static_cast<std::int64_t>(e));
+      },
+      8);
   GemmProblem q[max_gemv_parts];
   std::int64_t first_task[max_gemv_parts + 1] = {}, width[max_gemv_parts] = {};
   std::int64_t groups = 0;
@@ -348,26 +352,28 @@ void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
     width[i] = 32 * per_task;
     first_task[i + 1] = first_task[i] + (q[i].n + width[i] - 1) / width[i];
   }
-  pool_.parallel_for(static_cast<std::size_t>(first_task[ps.size()]), [&](std::size_t b, std::size_t e) {
-    void* scratch = amx_scratch(p0.k);
-    for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t) {
-      std::size_t i = 0;
-      while (t >= first_task[i + 1]) ++i;
-      const std::int64_t c0 = (t - first_task[i]) * width[i];
-      if (amx_ == 1)
-        amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
-      else
-        amx_gemm_columns_emulated(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
-    }
-  });
+  pool_.parallel_for(
+      static_cast<std::size_t>(first_task[ps.size()]), [&](std::size_t b, std::size_t e) {
+        void* scratch = amx_scratch(p0.k);
+        for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t) {
+          std::size_t i = 0;
+          while (t >= first_task[i + 1]) ++i;
+          const std::int64_t c0 = (t - first_task[i]) * width[i];
+          if (amx_ == 1)
+            amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+          else
+            amx_gemm_columns_emulated(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+        }
+      });
 }
 
 void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
                             std::span<const Tensor> biases) {
   check_gemm_parts(out, ws, biases);
   XSERV_CHECK(a.shape.rank() == 2, ErrorCode::invalid_argument, "gemm_parts: a {} must be 2-D", a.shape);
-  const bool amx = amx_ && a.shape[0] > gemv_max_rows && ws.size() <= max_gemv_parts &&
-                   std::all_of(ws.begin(), ws.end(), [](const Tensor& w) { return w.dtype == DType::bf16; });
+  const bool amx =
+      amx_ && a.shape[0] > gemv_max_rows && ws.size() <= max_gemv_parts &&
+      std::all_of(ws.begin(), ws.end(), [](const Tensor& w) { return w.dtype == DType::bf16; });
   // Prefill GEMMs are long enough that one loop each costs nothing (but the AMX path's A
   // rounding is shared).
   if (!amx && (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts)) {
