@@ -88,15 +88,14 @@ GemvPrefetch gemv_prefetch() {
   return chosen;
 }
 
-// A task's first weight tile prefetched into L2 whole before it is packed
-// (GemmProblem::first_tile_prefetch); XSERV_CPU_GEMM_FIRST=off leaves it to the pack's own loads
-// (the rule before 2026-12-02). Measured on the GPU machine's Xeon (docs/benchmarks.md, issue 16,
-// 2026-12-02 round 1; GPT-2 f32 prefill at 8 threads, 3 interleaved runs): 3221 / 3242 / 3340
-// tok/s against 3033 / 3144 / 3160 without.
+// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch). GPT-2 f32 prefill at
+// 8 threads on the Xeon, 3 interleaved runs against the default in each of two calls
+// (docs/benchmarks.md, issue 16, 2026-12-02): median +3% in one (3242 vs 3144 tok/s), -7% in the
+// other (2826 vs 3045): no reliable gain, so off.
 bool gemm_first_tile_prefetch() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
-    return !(v && std::string_view(v) == "off");
+    return v && std::string_view(v) == "l2";
   }();
   return on;
 }

@@ -32,7 +32,7 @@ struct GemmProblem {
   // 1 L2 only (the backend's default), 0 nowhere (XSERV_CPU_GEMM_PREFETCH=l1|l2|off).
   int pack_prefetch = 1;
   // The first weight tile of a task prefetched into L2 whole before it is packed
-  // (the default; XSERV_CPU_GEMM_FIRST=off: not).
+  // (XSERV_CPU_GEMM_FIRST=l2; measurement).
   bool first_tile_prefetch = false;
   // The AMX path (cpu_amx.hpp): A rounded to bf16, rows padded to amx_rows and K to amx_k
   // (lda_bf16 elements apart), or null.
