@@ -5,7 +5,8 @@
 // column ranges and every weight byte is read once; gemm_parts runs the GEMVs of several weights
 // (q/k/v, gate/up) as one such loop. A GEMM (prefill) is cut into column tiles of up to 128, and
 // into row blocks too when the tiles do not share out over the threads (split_gemm); each task
-// packs its own weight tile. f32 weights with M > gemv_max_rows go to
+// packs its own weight tile. bf16 out_in weights go to AMX tiles where the CPU has them (run_amx,
+// cpu_amx.hpp). f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
 #include <cstdint>
