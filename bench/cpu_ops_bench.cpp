@@ -10,10 +10,12 @@
 
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "tensor/buffer.hpp"
 
 namespace {
 
@@ -63,16 +65,22 @@ void BM_gemm(benchmark::State& state) {
   const bool blas = state.range(3) != 0;
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> a(static_cast<std::size_t>(m * s.k)), out(static_cast<std::size_t>(m * s.n));
-  std::vector<float> wf(static_cast<std::size_t>(s.k * s.n));
+  // 64-byte aligned, as the backend's buffers are (a vector's 16 bytes split every 512-bit load
+  // of an unpacked kernel across two cache lines).
+  Buffer a_buf(cpu_allocator(), static_cast<std::size_t>(m * s.k) * 4);
+  Buffer out_buf(cpu_allocator(), static_cast<std::size_t>(m * s.n) * 4);
+  Buffer w_buf(cpu_allocator(), static_cast<std::size_t>(s.k * s.n) * 4);
+  const std::span<float> a(static_cast<float*>(a_buf.data()), static_cast<std::size_t>(m * s.k));
+  const std::span<float> out(static_cast<float*>(out_buf.data()),
+                             static_cast<std::size_t>(m * s.n));
+  const std::span<float> wf(static_cast<float*>(w_buf.data()), static_cast<std::size_t>(s.k * s.n));
   for (auto& x : a) x = dist(rng);
   for (auto& x : wf) x = dist(rng);
-  std::vector<std::uint16_t> wh;
+  Buffer wh_buf(cpu_allocator(), wt != DType::f32 ? wf.size() * 2 : 0);
   void* wp = wf.data();
   if (wt != DType::f32) {
-    wh.resize(wf.size());
-    convert_from_f32(wf.data(), wh.data(), wt, wf.size());
-    wp = wh.data();
+    convert_from_f32(wf.data(), wh_buf.data(), wt, wf.size());
+    wp = wh_buf.data();
   }
   const Shape ws = s.layout == WeightLayout::out_in ? Shape{s.n, s.k} : Shape{s.k, s.n};
   auto& be = backend(blas);

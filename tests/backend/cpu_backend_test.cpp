@@ -1,10 +1,12 @@
 // CPU backend ops against naive references (double precision, written here) on random inputs:
 // odd sizes, every weight dtype, every kernel table this CPU runs, paged multi-sequence batches
 // with shuffled block tables and GQA ratios 1/2/4.
+#include "backend/cpu/cpu_backend.hpp"
+
 #include <algorithm>
 #include <numeric>
 
-#include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/cpu_amx.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 #include "support/scoped_env.hpp"
@@ -136,12 +138,14 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
             std::int64_t kc;
             int level;
             bool first = false;
+            bool gelu = false;
           };
-          const Variant variants[] = {{0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}};
+          const Variant variants[] = {
+              {0, 1}, {0, 2}, {0, 0}, {64, 1}, {100, 2}, {0, 1, true}, {0, 1, true, true}};
           for (const Variant& v : variants) {
-            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w="
-                         << dtype_name(wt) << " out_in=" << out_in << " kc=" << v.kc
-                         << " prefetch=" << v.level << " first=" << v.first);
+            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
+                         << " out_in=" << out_in << " kc=" << v.kc << " prefetch=" << v.level
+                         << " first=" << v.first << " gelu=" << v.gelu);
             // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
             std::vector<float> out(want.size(), NAN);
             for (std::int64_t i = 0; i < c.m; ++i)
@@ -162,6 +166,7 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
             p.kc = v.kc;
             p.pack_prefetch = v.level;
             p.first_tile_prefetch = v.first;
+            p.gelu = v.gelu;
             kt->gemm_tile(p, 0, c.m, c.n0, c.n1, scratch);
             for (std::int64_t i = 0; i < c.m; ++i)
               for (std::int64_t j = 0; j < c.n; ++j) {
@@ -170,8 +175,13 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
                   REQUIRE(std::isnan(out[o]));
                   continue;
                 }
-                INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
-                REQUIRE(std::abs(out[o] - want[o]) <= 2e-6 * mag[o]);
+                // gelu_tanh's slope is at most 1.13: the sum's error bound grows by that.
+                const double x = want[o];
+                const double g =
+                    0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+                const double expect = p.gelu ? g : x;
+                INFO("row " << i << " col " << j << " got " << out[o] << " want " << expect);
+                REQUIRE(std::abs(out[o] - expect) <= (p.gelu ? 3e-6 : 2e-6) * mag[o]);
               }
           }
         }
@@ -859,4 +869,164 @@ TEST_CASE("make_backend gives the CPU backend, and CUDA is reported honestly", "
   std::vector<float> w(4, 1.0f);
   Tensor host(w.data(), DType::f32, Shape{4});
   REQUIRE(be->import_weight(host).data == w.data());
+}
+
+// The AMX prefill GEMM (cpu_amx.hpp): its loops with the tiles emulated on every CPU (packing
+// into pair tiles, K and row padding, the 32-column groups, the epilogue and GELU), the tile
+// instructions themselves where this CPU and kernel allow them, and the backend's path with
+// XSERV_CPU_AMX=1 there. The reference rounds A to bf16 as the kernel does.
+TEST_CASE(
+    "cpu AMX bf16 prefill GEMM on emulated tiles everywhere and on the tiles where the CPU has "
+    "them",
+    "[cpu]") {
+  std::mt19937 rng(11);
+  struct Case {
+    std::int64_t m, k, n, n0, n1;
+    bool gelu, bias;
+    float beta;
+  };
+  // Without bias or GELU and with beta 0 or 1, whole 32 x 32 blocks go between out and the
+  // tiles directly (the last two cases); the others through the scalar epilogue.
+  const Case cases[] = {
+      {9, 70, 40, 0, 40, false, true, 1.0f},      {33, 64, 64, 0, 64, true, true, 0.0f},
+      {40, 300, 70, 16, 70, false, true, 1.0f},   {64, 1024, 96, 32, 96, true, true, 0.0f},
+      {17, 0, 20, 0, 20, false, true, 1.0f},      {1, 31, 5, 0, 5, false, true, 1.0f},
+      {70, 200, 100, 0, 100, false, false, 1.0f}, {64, 96, 64, 0, 64, false, false, 0.0f}};
+  const bool hw = cpu::amx_bf16_usable();
+  {
+    ScopedEnv off("XSERV_CPU_AMX", "0");
+    REQUIRE(CpuBackend(BackendOptions{1, 0}).name().find("AMX") == std::string::npos);
+  }
+  for (const auto& c : cases) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " cols " << c.n0 << ".." << c.n1
+              << " gelu=" << c.gelu << " bias=" << c.bias << " beta=" << c.beta);
+    auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+    auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), DType::bf16);
+    auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+    if (!c.bias) std::fill(bias.begin(), bias.end(), 0.0f);
+    const auto out0 = random_floats(rng, static_cast<std::size_t>(c.m * c.n));
+    const float beta = c.beta;
+    const std::int64_t lda = cpu::amx_lda(c.k, c.m % 2 == 0);  // (odd m: no skew)
+    const std::int64_t rows = cpu::amx_padded(c.m, cpu::amx_rows);
+    std::vector<std::uint16_t> abf(static_cast<std::size_t>(rows * lda), 0xffff);
+    cpu::amx_round_rows(a.data(), c.m, c.k, abf.data(), lda, 0, rows);
+    std::vector<float> a_rounded(a.size());
+    for (std::int64_t i = 0; i < c.m; ++i) {
+      convert_to_f32(abf.data() + i * lda, DType::bf16, a_rounded.data() + i * c.k,
+                     static_cast<std::size_t>(c.k));
+      for (std::int64_t kk = c.k; kk < lda; ++kk)
+        REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+    }
+    for (std::int64_t i = c.m; i < rows; ++i)
+      for (std::int64_t kk = 0; kk < lda; ++kk)
+        REQUIRE(abf[static_cast<std::size_t>(i * lda + kk)] == 0);
+    std::vector<double> want(static_cast<std::size_t>(c.m * c.n)), mag(want.size());
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = c.n0; j < c.n1; ++j) {
+        const auto o = static_cast<std::size_t>(i * c.n + j);
+        double s = bias[static_cast<std::size_t>(j)] + beta * out0[o], s_abs = 0.0;
+        for (std::int64_t kk = 0; kk < c.k; ++kk) {
+          const double v = static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                           w.values[static_cast<std::size_t>(j * c.k + kk)];
+          s += v;
+          s_abs += std::abs(v);
+        }
+        if (c.gelu)
+          s = 0.5 * s * (1.0 + std::tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+        want[o] = s;
+        mag[o] = s_abs + 1.0;
+      }
+    std::vector<float> scratch_store(
+        static_cast<std::size_t>(cpu::amx_scratch_bytes(c.k) / 4 + 16));
+    void* scratch = reinterpret_cast<void*>(
+        (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
+    for (int run = 0; run < (hw ? 2 : 1); ++run) {
+      INFO((run ? "AMX tiles" : "emulated tiles"));
+      std::vector<float> out(want.size(), NAN);  // outside the columns: untouched
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
+          out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
+      cpu::GemmProblem p;
+      p.a = a.data();
+      p.m = c.m;
+      p.k = c.k;
+      p.n = c.n;
+      p.w = w.tensor({c.n, c.k}).data;
+      p.w_dtype = DType::bf16;
+      p.layout = WeightLayout::out_in;
+      p.bias = c.bias ? bias.data() : nullptr;
+      p.beta = beta;
+      p.out = out.data();
+      p.ldo = c.n;
+      p.gelu = c.gelu;
+      p.a_bf16 = abf.data();
+      p.lda_bf16 = lda;
+      if (run == 0)
+        cpu::amx_gemm_columns_emulated(p, c.n0, c.n1, scratch);
+      else
+        cpu::amx_gemm_columns(p, c.n0, c.n1, scratch);
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const auto o = static_cast<std::size_t>(i * c.n + j);
+          if (j < c.n0 || j >= c.n1) {
+            REQUIRE(std::isnan(out[o]));
+            continue;
+          }
+          INFO("row " << i << " col " << j << " got " << out[o] << " want " << want[o]);
+          REQUIRE(std::abs(out[o] - want[o]) <= 1e-5 * mag[o]);
+        }
+    }
+    if (c.m <= cpu::gemv_max_rows) continue;  // (GEMV rows keep f32 activations)
+    // The backend's path (A rounded by the pool, tasks of 32-column groups): emulated on every
+    // CPU, and on the tiles where the CPU has them.
+    for (const char* mode : {"emulate", "1"}) {
+      if (mode[0] == '1' && !hw) continue;
+      INFO("backend with XSERV_CPU_AMX=" << mode);
+      ScopedEnv amx("XSERV_CPU_AMX", mode);
+      CpuBackend be(BackendOptions{3, 0});
+      REQUIRE(be.name().find("AMX") != std::string::npos);
+      std::vector<float> got(want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) got[i] = out0[i];
+      be.gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+              w.tensor({c.n, c.k}), WeightLayout::out_in, c.bias ? view(bias, {c.n}) : Tensor{},
+              1.0f);
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const auto o = static_cast<std::size_t>(i * c.n + j);
+          double s = bias[static_cast<std::size_t>(j)] + out0[o], s_abs = 0.0;
+          for (std::int64_t kk = 0; kk < c.k; ++kk) {
+            const double v =
+                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                w.values[static_cast<std::size_t>(j * c.k + kk)];
+            s += v;
+            s_abs += std::abs(v);
+          }
+          INFO("backend row " << i << " col " << j << " got " << got[o] << " want " << s);
+          REQUIRE(std::abs(got[o] - s) <= 1e-5 * (s_abs + 1.0));
+        }
+      // gemm_parts: W's first 32 rows and the rest as two parts, one A rounding, one loop.
+      if (c.n <= 32) continue;
+      const auto* wd = static_cast<const std::uint16_t*>(w.tensor({c.n, c.k}).data);
+      const Tensor parts[] = {
+          Tensor(const_cast<std::uint16_t*>(wd), DType::bf16, Shape{32, c.k}),
+          Tensor(const_cast<std::uint16_t*>(wd + 32 * c.k), DType::bf16, Shape{c.n - 32, c.k})};
+      std::vector<float> got_parts(want.size(), NAN);
+      be.gemm_parts(Tensor(got_parts.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+                    parts, {});
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const auto o = static_cast<std::size_t>(i * c.n + j);
+          double s = 0.0, s_abs = 0.0;
+          for (std::int64_t kk = 0; kk < c.k; ++kk) {
+            const double v =
+                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                w.values[static_cast<std::size_t>(j * c.k + kk)];
+            s += v;
+            s_abs += std::abs(v);
+          }
+          INFO("gemm_parts row " << i << " col " << j << " got " << got_parts[o] << " want " << s);
+          REQUIRE(std::abs(got_parts[o] - s) <= 1e-5 * (s_abs + 1.0));
+        }
+    }
+  }
 }

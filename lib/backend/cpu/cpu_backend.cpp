@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "backend/cpu/cpu_amx.hpp"
 #include "backend/cpu/tensor_checks.hpp"
 
 #ifdef XSERV_HAVE_BLAS
@@ -65,6 +66,20 @@ std::int64_t min_parallel_bytes() {
   return bytes;
 }
 
+namespace {
+
+// XSERV_CPU_AMX: unset or 1, the AMX bf16 prefill GEMM where amx_bf16_usable(); 0, never;
+// "emulate", its loops with the tiles emulated in scalar code on any CPU (slow: tests only).
+// Read by every backend constructed (tests set it per backend).
+int amx_mode() {
+  const char* v = std::getenv("XSERV_CPU_AMX");
+  const std::string_view s(v ? v : "1");
+  if (s == "emulate") return 2;
+  return s == "0" || !amx_bf16_usable() ? 0 : 1;
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels, bool use_blas)
     : pool_(options.threads, pool_options()),
       kernels_(kernels ? kernels : &cpu::kernels()),
@@ -72,6 +87,7 @@ CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels
       // at about twice Debian OpenBLAS 0.3.21's sgemm on an AVX-512 EPYC; the AVX2 kernel is on
       // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
       use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512"),
+      amx_(amx_mode()),
       decode_spin_us_(decode_spin_us()),
       prefill_spin_us_(prefill_spin_us(decode_spin_us_)),
       idle_spin_us_(pool_.spin_us()) {
@@ -87,8 +103,11 @@ std::string CpuBackend::name() const {
 #else
   const bool blas = false && use_blas_;
 #endif
-  return fmt::format("cpu ({} threads, {} kernels{})", pool_.size(), kernels_->isa,
-                     blas ? ", OpenBLAS sgemm" : "");
+  return fmt::format("cpu ({} threads, {} kernels{}{})", pool_.size(), kernels_->isa,
+                     blas ? ", OpenBLAS sgemm" : "",
+                     amx_ == 1   ? ", AMX bf16 prefill"
+                     : amx_ == 2 ? ", AMX bf16 prefill emulated"
+                                 : "");
 }
 
 Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }

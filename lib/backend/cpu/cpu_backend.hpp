@@ -83,12 +83,18 @@ class CpuBackend final : public Backend {
  private:
   void gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                  const Tensor& bias, float beta, std::int64_t out_row_stride, bool gelu);
+  void run_amx(std::span<const GemmProblem> ps);
   void norm(const char* op, Tensor out, const Tensor& x, Tensor residual, const Tensor& weight,
             const Tensor& bias, float eps, bool rms);
 
   ThreadPool pool_;
   const KernelTable* kernels_;
   bool use_blas_;
+  // Prefill GEMMs of bf16 out_in weights on AMX tiles (cpu_amx.hpp), A rounded to bf16 into
+  // amx_a_ first: 0 off, 1 the tiles (the default where amx_bf16_usable(); XSERV_CPU_AMX=0 turns
+  // it off), 2 emulated (XSERV_CPU_AMX=emulate: tests).
+  int amx_;
+  std::vector<std::uint16_t> amx_a_;
   // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
   // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_
   // (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200 and decode's) for larger ones; from the

@@ -5,7 +5,8 @@
 // column ranges and every weight byte is read once; gemm_parts runs the GEMVs of several weights
 // (q/k/v, gate/up) as one such loop. A GEMM (prefill) is cut into column tiles of up to 128, and
 // into row blocks too when the tiles do not share out over the threads (split_gemm); each task
-// packs its own weight tile. f32 weights with M > gemv_max_rows go to
+// packs its own weight tile. bf16 out_in weights go to AMX tiles where the CPU has them (run_amx,
+// cpu_amx.hpp). f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cpu/cpu_amx.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/tensor_checks.hpp"
 
@@ -35,6 +37,15 @@ float* gemm_scratch() {
   thread_local std::vector<float> scratch(static_cast<std::size_t>(gemm_scratch_floats + 16));
   const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
   return reinterpret_cast<float*>((at + 63) & ~std::uintptr_t{63});
+}
+
+// The calling thread's scratch for amx_gemm_columns (64-byte aligned, grown as K needs).
+void* amx_scratch(std::int64_t k) {
+  thread_local std::vector<float> scratch;
+  const auto floats = static_cast<std::size_t>(amx_scratch_bytes(k) / 4 + 16);
+  if (scratch.size() < floats) scratch.resize(floats);
+  const auto at = reinterpret_cast<std::uintptr_t>(scratch.data());
+  return reinterpret_cast<void*>((at + 63) & ~std::uintptr_t{63});
 }
 
 // XSERV_CPU_GEMM_PREFETCH: where the prefill GEMM prefetches the next weight tile while it
@@ -78,7 +89,10 @@ GemvPrefetch gemv_prefetch() {
   return chosen;
 }
 
-// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch).
+// Measurement: XSERV_CPU_GEMM_FIRST=l2 (GemmProblem::first_tile_prefetch). GPT-2 f32 prefill at
+// 8 threads on the Xeon, 3 interleaved runs against the default in each of two calls
+// (docs/benchmarks.md, issue 16, 2026-12-02): median +3% in one (3242 vs 3144 tok/s), -7% in the
+// other (2826 vs 3045): no reliable gain, so off.
 bool gemm_first_tile_prefetch() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMM_FIRST");
@@ -273,6 +287,10 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
     run_gemv(pool_, kt, std::span<const GemmProblem>(&p, 1));
     return;
   }
+  if (amx_ && w.dtype == DType::bf16 && layout == WeightLayout::out_in) {
+    run_amx(std::span<const GemmProblem>(&p, 1));
+    return;
+  }
   GemmSplit split = split_gemm(m, n, threads);
   // Measurement only: XSERV_CPU_GEMM_TILE=W[xR] forces the prefill tile width (a multiple of 32,
   // at most 128) and row blocks, to compare splits on a given machine (docs/cpu.md).
@@ -301,12 +319,64 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
   });
 }
 
+// Prefill GEMMs of bf16 out_in weights (every problem's) on AMX tiles: A (the same for all) rounded
+// to bf16 once, then one loop over every problem's 32-column groups, about 4 tasks per thread,
+// each packing its W rows for the tiles (q/k/v: one rounding and one hand-off instead of three).
+void CpuBackend::run_amx(std::span<const GemmProblem> ps) {
+  const GemmProblem& p0 = ps[0];
+  // Measurement: XSERV_CPU_AMX_LDA=tight, A's rows K (padded to tiles) apart, no skew.
+  static const bool skew = [] {
+    const char* v = std::getenv("XSERV_CPU_AMX_LDA");
+    return !(v && std::string_view(v) == "tight");
+  }();
+  const std::int64_t lda = amx_lda(p0.k, skew), rows = amx_padded(p0.m, amx_rows);
+  amx_a_.resize(static_cast<std::size_t>(rows * lda));
+  std::uint16_t* abf = amx_a_.data();
+  pool_.parallel_for(
+      static_cast<std::size_t>(rows),
+      [&](std::size_t b, std::size_t e) {
+        amx_round_rows(p0.a, p0.m, p0.k, abf, lda, static_cast<std::int64_t>(b),
+                       static_cast<std::int64_t>(e));
+      },
+      8);
+  GemmProblem q[max_gemv_parts];
+  std::int64_t first_task[max_gemv_parts + 1] = {}, width[max_gemv_parts] = {};
+  std::int64_t groups = 0;
+  for (const GemmProblem& p : ps) groups += (p.n + 31) / 32;
+  const auto threads = static_cast<std::int64_t>(pool_.size());
+  const std::int64_t per_task = std::max<std::int64_t>(1, groups / (4 * threads));
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    q[i] = ps[i];
+    q[i].a_bf16 = abf;
+    q[i].lda_bf16 = lda;
+    width[i] = 32 * per_task;
+    first_task[i + 1] = first_task[i] + (q[i].n + width[i] - 1) / width[i];
+  }
+  pool_.parallel_for(
+      static_cast<std::size_t>(first_task[ps.size()]), [&](std::size_t b, std::size_t e) {
+        void* scratch = amx_scratch(p0.k);
+        for (auto t = static_cast<std::int64_t>(b); t < static_cast<std::int64_t>(e); ++t) {
+          std::size_t i = 0;
+          while (t >= first_task[i + 1]) ++i;
+          const std::int64_t c0 = (t - first_task[i]) * width[i];
+          if (amx_ == 1)
+            amx_gemm_columns(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+          else
+            amx_gemm_columns_emulated(q[i], c0, std::min(q[i].n, c0 + width[i]), scratch);
+        }
+      });
+}
+
 void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,
                             std::span<const Tensor> biases) {
   check_gemm_parts(out, ws, biases);
   XSERV_CHECK(a.shape.rank() == 2, ErrorCode::invalid_argument, "gemm_parts: a {} must be 2-D", a.shape);
-  // Prefill GEMMs are long enough that one loop each costs nothing.
-  if (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts) {
+  const bool amx =
+      amx_ && a.shape[0] > gemv_max_rows && ws.size() <= max_gemv_parts &&
+      std::all_of(ws.begin(), ws.end(), [](const Tensor& w) { return w.dtype == DType::bf16; });
+  // Prefill GEMMs are long enough that one loop each costs nothing (but the AMX path's A
+  // rounding is shared).
+  if (!amx && (a.shape[0] > gemv_max_rows || ws.size() > max_gemv_parts)) {
     Backend::gemm_parts(out, a, ws, biases);
     return;
   }
@@ -320,7 +390,10 @@ void CpuBackend::gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor>
     col += n;
   }
   if (a.shape[0] == 0 || out.shape[1] == 0) return;
-  run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
+  if (amx)
+    run_amx(std::span<const GemmProblem>(ps, ws.size()));
+  else
+    run_gemv(pool_, *kernels_, std::span<const GemmProblem>(ps, ws.size()));
 }
 
 }  // namespace xserv::cpu

@@ -34,6 +34,10 @@ struct GemmProblem {
   // The first weight tile of a task prefetched into L2 whole before it is packed
   // (XSERV_CPU_GEMM_FIRST=l2; measurement).
   bool first_tile_prefetch = false;
+  // The AMX path (cpu_amx.hpp): A rounded to bf16, rows padded to amx_rows and K to amx_k
+  // (lda_bf16 elements apart), or null.
+  const std::uint16_t* a_bf16 = nullptr;
+  std::int64_t lda_bf16 = 0;
   // Software prefetch of a GEMV's weight stream (M <= gemv_max_rows; XSERV_CPU_GEMV_PREFETCH,
   // chosen per CPU vendor in cpu_gemm.cpp): gemv_prefetch_l1, the lines a few rows ahead into L1
   // (prefetcht0) just before they are read; gemv_prefetch_l2, when not 0, the line that many
