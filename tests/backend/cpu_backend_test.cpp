@@ -990,20 +990,24 @@ TEST_CASE(
       be.gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
               w.tensor({c.n, c.k}), WeightLayout::out_in, c.bias ? view(bias, {c.n}) : Tensor{},
               1.0f);
-      for (std::int64_t i = 0; i < c.m; ++i)
-        for (std::int64_t j = 0; j < c.n; ++j) {
-          const auto o = static_cast<std::size_t>(i * c.n + j);
-          double s = bias[static_cast<std::size_t>(j)] + out0[o], s_abs = 0.0;
-          for (std::int64_t kk = 0; kk < c.k; ++kk) {
-            const double v =
-                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
-                w.values[static_cast<std::size_t>(j * c.k + kk)];
-            s += v;
-            s_abs += std::abs(v);
+      // result = A_rounded . W^T (+ bias + the previous out), in double, within 1e-5 of the terms.
+      auto check = [&](const std::vector<float>& result, bool accumulated, const char* what) {
+        for (std::int64_t i = 0; i < c.m; ++i)
+          for (std::int64_t j = 0; j < c.n; ++j) {
+            const auto o = static_cast<std::size_t>(i * c.n + j);
+            double s = accumulated ? bias[static_cast<std::size_t>(j)] + out0[o] : 0.0, s_abs = 0.0;
+            for (std::int64_t kk = 0; kk < c.k; ++kk) {
+              const double v =
+                  static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
+                  w.values[static_cast<std::size_t>(j * c.k + kk)];
+              s += v;
+              s_abs += std::abs(v);
+            }
+            INFO(what << " row " << i << " col " << j << " got " << result[o] << " want " << s);
+            REQUIRE(std::abs(result[o] - s) <= 1e-5 * (s_abs + 1.0));
           }
-          INFO("backend row " << i << " col " << j << " got " << got[o] << " want " << s);
-          REQUIRE(std::abs(got[o] - s) <= 1e-5 * (s_abs + 1.0));
-        }
+      };
+      check(got, true, "backend");
       // gemm_parts: W's first 32 rows and the rest as two parts, one A rounding, one loop.
       if (c.n <= 32) continue;
       const auto* wd = static_cast<const std::uint16_t*>(w.tensor({c.n, c.k}).data);
@@ -1013,20 +1017,7 @@ TEST_CASE(
       std::vector<float> got_parts(want.size(), NAN);
       be.gemm_parts(Tensor(got_parts.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
                     parts, {});
-      for (std::int64_t i = 0; i < c.m; ++i)
-        for (std::int64_t j = 0; j < c.n; ++j) {
-          const auto o = static_cast<std::size_t>(i * c.n + j);
-          double s = 0.0, s_abs = 0.0;
-          for (std::int64_t kk = 0; kk < c.k; ++kk) {
-            const double v =
-                static_cast<double>(a_rounded[static_cast<std::size_t>(i * c.k + kk)]) *
-                w.values[static_cast<std::size_t>(j * c.k + kk)];
-            s += v;
-            s_abs += std::abs(v);
-          }
-          INFO("gemm_parts row " << i << " col " << j << " got " << got_parts[o] << " want " << s);
-          REQUIRE(std::abs(got_parts[o] - s) <= 1e-5 * (s_abs + 1.0));
-        }
+      check(got_parts, false, "gemm_parts");
     }
   }
 }
