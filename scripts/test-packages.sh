@@ -36,13 +36,15 @@ ls -l "${debs[@]}"
 for p in "${packages[@]}"; do
   ls "$build"/packages/"${p}"_*.deb > /dev/null || { echo "no $p package"; exit 1; }
 done
-dpkg-deb -c "$build"/packages/libxserv0_*.deb | grep -q 'libxserv\.so\.0 ->' ||
-  { echo "libxserv0 lacks libxserv.so.0"; exit 1; }
+# Listings are read whole before grep: `dpkg-deb -c | grep -q` under pipefail fails at random
+# when grep exits on its first match and dpkg-deb dies of the broken pipe.
+list=$(dpkg-deb -c "$build"/packages/libxserv0_*.deb)
+grep -q 'libxserv\.so\.0 ->' <<<"$list" || { echo "libxserv0 lacks libxserv.so.0"; exit 1; }
 server=no
 if [ -f "$build/examples/server/xserv-server" ]; then  # built when its dependencies are there
   server=yes
-  dpkg-deb -c "$build"/packages/xserv-tools_*.deb | grep -q 'usr/bin/xserv-server$' ||
-    { echo "xserv-tools lacks xserv-server"; exit 1; }
+  list=$(dpkg-deb -c "$build"/packages/xserv-tools_*.deb)
+  grep -q 'usr/bin/xserv-server$' <<<"$list" || { echo "xserv-tools lacks xserv-server"; exit 1; }
 fi
 
 work=$(mktemp -d /tmp/xserv-packages-test.XXXXXX)
@@ -60,7 +62,7 @@ echo "== installed files"
 test -f /usr/include/xserv.h
 test -f /usr/include/xserv/xserv.hpp
 xserv-cli --version
-if [ $server = yes ] && ldd /usr/bin/xserv-server | grep -q 'not found'; then
+if [ $server = yes ] && ldd /usr/bin/xserv-server | grep 'not found' >/dev/null; then
   echo "xserv-server misses a library:"; ldd /usr/bin/xserv-server; exit 1
 fi
 model=$src/examples/models/shakespeare
@@ -76,7 +78,7 @@ pkg-config --modversion xserv
 cc -std=c99 -Wall -Wextra -pedantic -Werror "$src/examples/c/generate.c" \
   $(pkg-config --cflags --libs xserv) -o "$work/generate"
 # No rpath: the library is found in the system's library path.
-if readelf -d "$work/generate" | grep -q 'RUNPATH\|RPATH'; then echo "unexpected rpath"; exit 1; fi
+if readelf -d "$work/generate" | grep 'RUNPATH\|RPATH' >/dev/null; then echo "unexpected rpath"; exit 1; fi
 
 echo "== run on $model"
 "$work/consumer/consumer" "$model" "ROMEO:"

@@ -62,7 +62,7 @@ fi
   cc() { "$CC_BIN" -Wall -Wextra -pedantic -Werror $CFLAGS_ALL "$@" $LDFLAGS_ALL; }
   '"$pkgconfig_cmds")
 # The library was found through the rpath alone (no LD_LIBRARY_PATH above, no ldconfig).
-readelf -d "$work/generate" | grep -q "R.*PATH.*$prefix" || { echo "generate has no rpath to $prefix"; exit 1; }
+readelf -d "$work/generate" | grep "R.*PATH.*$prefix" >/dev/null || { echo "generate has no rpath to $prefix"; exit 1; }
 
 echo "== version"
 "$work/consumer/consumer" --version
