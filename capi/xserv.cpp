@@ -596,6 +596,7 @@ xserv_engine_params engine_defaults() {
   p.max_waiting = o.max_waiting;
   p.background_thread = o.background_thread;
   p.max_prefill_tokens = o.max_prefill_tokens;
+  p.async_steps = o.async_steps ? (*o.async_steps ? 1 : 0) : -1;
   return p;
 }
 
@@ -691,6 +692,9 @@ xserv_status xserv_engine_create(xserv_model* model, const xserv_engine_params* 
     o.max_waiting = p.max_waiting;
     o.background_thread = p.background_thread;
     o.max_prefill_tokens = p.max_prefill_tokens;
+    if (p.async_steps < -1 || p.async_steps > 1)
+      throw_invalid("params->async_steps is " + std::to_string(p.async_steps) + " (expected -1, 0 or 1)");
+    if (p.async_steps >= 0) o.async_steps = p.async_steps == 1;
     auto e = std::make_unique<xserv_engine>();
     e->model = model;
     e->engine = std::make_unique<xserv::Engine>(*model->group, model->tokenizer.get(), o);

@@ -371,6 +371,11 @@ typedef struct xserv_engine_params {
    * a step with decodes in it may take while long prompts are prefilled; 0 (default) = only
    * max_batch_tokens limits them. */
   int32_t max_prefill_tokens;
+  /* Overlapped steps (docs/engine.md): in the steady decode state the next step is enqueued
+   * before this step's token ids reach the host, so the GPU does not wait for the host's output
+   * processing; the same tokens either way. -1 (default): the XSERV_ASYNC_STEPS environment
+   * variable (0 or 1) when set, else on for CUDA and off for the CPU; 0: off; 1: on. */
+  int32_t async_steps;
 } xserv_engine_params;
 
 /* The defaults (see each field), struct_size set. Thread-safe. */

@@ -351,6 +351,8 @@ struct EngineOptions {
   bool prefix_cache = true;    // reuse the KV of shared prompt prefixes
   int max_waiting = 0;         // queued requests at most (submit throws RESOURCE_EXHAUSTED); 0: no limit
   bool background_thread = false;  // the engine steps on its own thread (never call step())
+  int max_prefill_tokens = 0;  // prompt-chunk tokens per step at most; 0: only max_batch_tokens
+  int async_steps = -1;        // overlapped steps: 1 on, 0 off, -1 XSERV_ASYNC_STEPS else on for CUDA
 };
 
 using RequestId = std::uint64_t;
@@ -457,6 +459,8 @@ class Engine {
     p.prefix_cache = options.prefix_cache;
     p.max_waiting = options.max_waiting;
     p.background_thread = options.background_thread;
+    p.max_prefill_tokens = options.max_prefill_tokens;
+    p.async_steps = options.async_steps;
     detail::check(xserv_engine_create(model.get(), &p, &engine_));
   }
 

@@ -125,7 +125,11 @@ static void test_defaults_and_nulls(xserv_model* model) {
   CHECK_STATUS(xserv_engine_create(NULL, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
   CHECK(engine == NULL);
   CHECK_STATUS(xserv_engine_create(model, &ep, NULL), XSERV_ERR_INVALID_ARGUMENT);
-  CHECK(ep.max_prefill_tokens == 0);
+  CHECK(ep.max_prefill_tokens == 0 && ep.async_steps == -1);
+  ep.async_steps = 2;
+  CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
+  CHECK(engine == NULL);
+  ep = xserv_engine_default_params();
   ep.block_size = 0;
   CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_ERR_INVALID_ARGUMENT);
   ep = xserv_engine_default_params();
@@ -146,7 +150,9 @@ static void test_defaults_and_nulls(xserv_model* model) {
   xserv_engine_free(NULL);
 }
 
-static void test_requests(xserv_model* model) {
+/* Run with async_steps 0 and 1 (on the CPU the default is off): the overlapped steps give the
+ * same texts, cancel, n > 1 and logprobs (those steps fall back to the synchronous step). */
+static void test_requests(xserv_model* model, int32_t async_steps) {
   xserv_engine_params ep = xserv_engine_default_params();
   xserv_engine* engine = NULL;
   xserv_generate_params gp = xserv_generate_default_params();
@@ -160,8 +166,10 @@ static void test_requests(xserv_model* model) {
   const char* invalid_utf8 = "\xff\xfe";
   int i;
 
+  g_n_streams = 0; /* request ids start again in a new engine */
   ep.kv_cache_tokens = 4096;
   ep.max_prefill_tokens = 8; /* prompts in chunks of 8 beside the decodes: same ids */
+  ep.async_steps = async_steps;
   CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_OK);
   if (engine == NULL) return;
 
@@ -343,7 +351,8 @@ int main(void) {
     return 1;
   }
   test_defaults_and_nulls(model);
-  test_requests(model);
+  test_requests(model, 0);
+  test_requests(model, 1);
   test_impossible_and_background(model);
   test_generate_nothing(model);
   xserv_model_free(model);

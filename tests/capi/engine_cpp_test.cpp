@@ -43,9 +43,13 @@ struct Sample {
   bool ended = false;
 };
 
-void test_callback_matches_generate(xserv::Model& model) {
+// async_steps: the overlapped steps (forced on here, off by default on the CPU) give the same text.
+void test_callback_matches_generate(xserv::Model& model, int async_steps) {
   const std::string reference = model.generate("ROMEO:", greedy(24));
-  xserv::Engine engine(model, small_engine());
+  xserv::EngineOptions eo = small_engine();
+  eo.async_steps = async_steps;
+  eo.max_prefill_tokens = 4;  // the prompt in chunks of 4: same ids
+  xserv::Engine engine(model, eo);
   Sample s;
   xserv::Request r;
   r.prompt = "ROMEO:";
@@ -216,7 +220,13 @@ int main() {
             bad.max_seqs = -1;
             xserv::Engine e(model, bad);
           }) == XSERV_ERR_INVALID_ARGUMENT);
-    test_callback_matches_generate(model);
+    CHECK(status_of([&] {
+            xserv::EngineOptions bad;
+            bad.async_steps = 2;
+            xserv::Engine e(model, bad);
+          }) == XSERV_ERR_INVALID_ARGUMENT);
+    test_callback_matches_generate(model, 0);
+    test_callback_matches_generate(model, 1);
     test_poll_tokens_and_logprobs(model);
     test_n_cancel_and_errors(model);
     test_background_thread(model);
