@@ -28,6 +28,23 @@ std::vector<std::unique_ptr<CpuBackend>> every_backend(std::size_t threads = 3) 
   return v;
 }
 
+// GPT-2's gelu (the tanh approximation, as HF's gelu_new), in double.
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+// The out block handed to a kernel that writes columns [n0, n1) of an [m, n] result: NaN
+// outside them (a test then requires them untouched) and inside them too when beta = 0 (the
+// kernel must not read out then); out0 inside them otherwise.
+std::vector<float> column_block_out(const std::vector<float>& out0, std::int64_t m, std::int64_t n,
+                                    std::int64_t n0, std::int64_t n1, float beta) {
+  std::vector<float> out(static_cast<std::size_t>(m * n), NAN);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = n0; j < n1 && beta != 0.0f; ++j)
+      out[static_cast<std::size_t>(i * n + j)] = out0[static_cast<std::size_t>(i * n + j)];
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dtypes", "[cpu]") {
@@ -146,11 +163,7 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
             INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
                          << " out_in=" << out_in << " kc=" << v.kc << " prefetch=" << v.level
                          << " first=" << v.first << " gelu=" << v.gelu);
-            // Columns outside the tile stay NaN; beta = 0 must not read the NaN inside it.
-            std::vector<float> out(want.size(), NAN);
-            for (std::int64_t i = 0; i < c.m; ++i)
-              for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
-                out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
+            std::vector<float> out = column_block_out(out0, c.m, c.n, c.n0, c.n1, beta);
             cpu::GemmProblem p;
             p.a = a.data();
             p.m = c.m;
@@ -176,10 +189,7 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
                   continue;
                 }
                 // gelu_tanh's slope is at most 1.13: the sum's error bound grows by that.
-                const double x = want[o];
-                const double g =
-                    0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-                const double expect = p.gelu ? g : x;
+                const double expect = p.gelu ? gelu_tanh(want[o]) : want[o];
                 INFO("row " << i << " col " << j << " got " << out[o] << " want " << expect);
                 REQUIRE(std::abs(out[o] - expect) <= (p.gelu ? 3e-6 : 2e-6) * mag[o]);
               }
@@ -464,10 +474,7 @@ TEST_CASE("cpu gelu, swiglu and gather_rows", "[cpu]") {
   auto y = x;
   be.gelu(view(y, {10001}));
   std::vector<double> want(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double v = x[i];
-    want[i] = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-  }
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = gelu_tanh(x[i]);
   require_close(y, want, 1e-6, 1e-5);
 
   const std::int64_t t = 7, inter = 13;
@@ -931,9 +938,7 @@ TEST_CASE(
           s += v;
           s_abs += std::abs(v);
         }
-        if (c.gelu)
-          s = 0.5 * s * (1.0 + std::tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
-        want[o] = s;
+        want[o] = c.gelu ? gelu_tanh(s) : s;
         mag[o] = s_abs + 1.0;
       }
     std::vector<float> scratch_store(
@@ -942,10 +947,7 @@ TEST_CASE(
         (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
     for (int run = 0; run < (hw ? 2 : 1); ++run) {
       INFO((run ? "AMX tiles" : "emulated tiles"));
-      std::vector<float> out(want.size(), NAN);  // outside the columns: untouched
-      for (std::int64_t i = 0; i < c.m; ++i)
-        for (std::int64_t j = c.n0; j < c.n1 && beta != 0.0f; ++j)
-          out[static_cast<std::size_t>(i * c.n + j)] = out0[static_cast<std::size_t>(i * c.n + j)];
+      std::vector<float> out = column_block_out(out0, c.m, c.n, c.n0, c.n1, beta);
       cpu::GemmProblem p;
       p.a = a.data();
       p.m = c.m;

@@ -20,6 +20,30 @@ using namespace xserv::test;
 namespace {
 constexpr DType kActs[] = {DType::f32, DType::bf16};
 double tol(DType dt, double f32_tol = 1e-5) { return dt == DType::f32 ? f32_tol : 1.5e-2; }
+
+// An RMSNorm + GEMM (+ SwiGLU) case rounded through dt: x [m, k] of scale 3, the norm weight
+// near 1, W [rows, k] (rows = 2n with SwiGLU) scaled by 1/sqrt(k), and the CPU backend's result
+// [m, n] (f32 intermediates).
+struct RmsNormGemmCase {
+  std::int64_t rows;
+  std::vector<float> x, g, w, want;
+};
+RmsNormGemmCase rms_norm_gemm_case(std::mt19937& rng, Backend& cpu, DType dt, std::int64_t m,
+                                   std::int64_t k, std::int64_t n, bool swiglu) {
+  RmsNormGemmCase r;
+  r.rows = swiglu ? 2 * n : n;
+  r.x = randn(rng, static_cast<std::size_t>(m * k), 3.0f);
+  r.g = randn(rng, static_cast<std::size_t>(k), 0.1f);
+  for (auto& v : r.g) v += 1.0f;
+  r.w = randn(rng, static_cast<std::size_t>(r.rows * k), static_cast<float>(1.0 / std::sqrt(k)));
+  for (auto* v : {&r.x, &r.g, &r.w}) round_through(*v, dt);
+  r.want.resize(static_cast<std::size_t>(m * n));
+  std::vector<float> h(r.x.size()), y(static_cast<std::size_t>(m * r.rows));
+  cpu.rms_norm_gemm(host_view(r.want, {m, n}), host_view(r.x, {m, k}), host_view(r.g, {k}), 1e-6f,
+                    host_view(r.w, {r.rows, k}), swiglu, host_view(h, {m, k}),
+                    swiglu ? host_view(y, {m, r.rows}) : Tensor());
+  return r;
+}
 }  // namespace
 
 TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
@@ -308,17 +332,9 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
     for (const auto& c : cases) {
       for (bool swiglu : {false, true}) {
         INFO(dtype_name(dt) << " m=" << c.m << " k=" << c.k << " n=" << c.n << " swiglu=" << swiglu);
-        const std::int64_t rows = swiglu ? 2 * c.n : c.n;
-        auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
-        auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
-        for (auto& v : g) v += 1.0f;
-        auto w = randn(rng, static_cast<std::size_t>(rows * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
-        for (auto* v : {&x, &g, &w}) round_through(*v, dt);
-        std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size()),
-            y(static_cast<std::size_t>(c.m * rows));
-        be.cpu.rms_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}),
-                             1e-6f, host_view(w, {rows, c.k}), swiglu, host_view(h, {c.m, c.k}),
-                             swiglu ? host_view(y, {c.m, rows}) : Tensor());
+        const RmsNormGemmCase t = rms_norm_gemm_case(rng, be.cpu, dt, c.m, c.k, c.n, swiglu);
+        const std::int64_t rows = t.rows;
+        const std::vector<float>&x = t.x, &g = t.g, &w = t.w, &want = t.want;
         Tensor gout = be.gpu_poisoned(dt, {c.m, c.n});
         be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {c.m, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
                               be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
@@ -371,16 +387,8 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
       const std::int64_t rows = swiglu ? 2 * c.n : c.n;
       alignas(16) static const std::uint16_t aligned[8] = {};
       REQUIRE(cuda::skinny_norm_gemm_supported(dt, c.m, rows, c.k, aligned, aligned, aligned, 32));
-      auto x = randn(rng, static_cast<std::size_t>(c.m * c.k), 3.0f);
-      auto g = randn(rng, static_cast<std::size_t>(c.k), 0.1f);
-      for (auto& v : g) v += 1.0f;
-      auto w = randn(rng, static_cast<std::size_t>(rows * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
-      for (auto* v : {&x, &g, &w}) round_through(*v, dt);
-      std::vector<float> want(static_cast<std::size_t>(c.m * c.n)), h(x.size()),
-          y(static_cast<std::size_t>(c.m * rows));
-      be.cpu.rms_norm_gemm(host_view(want, {c.m, c.n}), host_view(x, {c.m, c.k}), host_view(g, {c.k}), 1e-6f,
-                           host_view(w, {rows, c.k}), swiglu, host_view(h, {c.m, c.k}),
-                           swiglu ? host_view(y, {c.m, rows}) : Tensor());
+      const RmsNormGemmCase t = rms_norm_gemm_case(rng, be.cpu, dt, c.m, c.k, c.n, swiglu);
+      const std::vector<float>&x = t.x, &g = t.g, &w = t.w, &want = t.want;
       const Tensor gx = be.gpu_tensor(x, dt, {c.m, c.k}), gg = be.gpu_tensor(g, dt, {c.k}),
                    gw = be.gpu_tensor(w, dt, {rows, c.k});
       // Twice on the fused backend: every launch must leave the statistics counters zeroed.
