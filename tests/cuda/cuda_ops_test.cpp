@@ -1249,9 +1249,10 @@ TEST_CASE("cuda upload_decode_batch keeps a decode batch on the device", "[cuda]
     check(db, b, ids);
   }
   if (be.gpu->keeps_decode_batches()) {
-    // The next step advances what the device holds: its copy was skipped.
-    const ForwardBatch b = batch_at(14, 2);
-    const DeviceBatch last = be.gpu->upload_decode_batch(batch_at(13, 2), 2);  // copied (no prepare since)
+    // The next step advances what the device holds: its copy was skipped (neither row enters
+    // a new block from step 15 to 16).
+    const ForwardBatch b = batch_at(16, 2);
+    const DeviceBatch last = be.gpu->upload_decode_batch(batch_at(15, 2), 2);  // copied
     be.gpu->run_graph(7, [&] { be.gpu->prepare_decode(last, sampled); });
     const std::vector<std::int32_t> marked{500, 600};
     be.gpu->upload(last.positions, marked.data());
