@@ -1,8 +1,11 @@
 // CudaBackend: the Backend ops on one NVIDIA GPU.
 //
 // Design (what the rest of xserv can rely on):
-// - One stream. Ops enqueue and return; only download(), sample() and synchronize() wait, and
-//   sample() waits only for the R sampled ids.
+// - One stream for every op. Ops enqueue and return; only download(), sample() and
+//   synchronize() wait, and sample() waits only for the R sampled ids. An overlapped step's
+//   sampling copies (sample_async) take a second stream, ordered by events (enqueue_sample).
+// - upload_decode_batch keeps a decode batch on the device while each step is the last one one
+//   token further: no copy, prepare_decode (the recording's first kernel) advances it.
 // - Memory comes from DeviceArenas (few large cudaMallocs): one for weights (bump, 1 GiB chunks),
 //   one behind allocator() for KV pools, activation workspaces and the backend's own scratch.
 //   Never managed memory.
