@@ -140,6 +140,15 @@ class TimedBackend final : public Backend {
     time("resolve_tokens", [&] { inner_->resolve_tokens(tokens, sampled); });
   }
   bool samples_async() const noexcept override { return inner_->samples_async(); }
+  DeviceBatch upload_decode_batch(const ForwardBatch& batch, std::int32_t growing) override {
+    DeviceBatch d;
+    time("upload_decode_batch", [&] { d = inner_->upload_decode_batch(batch, growing); });
+    return d;
+  }
+  void prepare_decode(const DeviceBatch& batch, const Tensor& sampled) override {
+    time("prepare_decode", [&] { inner_->prepare_decode(batch, sampled); });
+  }
+  bool keeps_decode_batches() const noexcept override { return inner_->keeps_decode_batches(); }
   void logprobs(const Tensor& logits, const std::int32_t* ids, std::int32_t top_n,
                 float* out_logprobs, std::int32_t* out_top_ids, float* out_top_logprobs) override {
     time("logprobs", [&] {

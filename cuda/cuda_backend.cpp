@@ -1,8 +1,11 @@
 // CudaBackend: the Backend ops on one NVIDIA GPU.
 //
 // Design (what the rest of xserv can rely on):
-// - One stream. Ops enqueue and return; only download(), sample() and synchronize() wait, and
-//   sample() waits only for the R sampled ids.
+// - One stream for every op. Ops enqueue and return; only download(), sample() and
+//   synchronize() wait, and sample() waits only for the R sampled ids. An overlapped step's
+//   sampling copies (sample_async) take a second stream, ordered by events (enqueue_sample).
+// - upload_decode_batch keeps a decode batch on the device while each step is the last one one
+//   token further: no copy, prepare_decode (the recording's first kernel) advances it.
 // - Memory comes from DeviceArenas (few large cudaMallocs): one for weights (bump, 1 GiB chunks),
 //   one behind allocator() for KV pools, activation workspaces and the backend's own scratch.
 //   Never managed memory.
@@ -73,10 +76,13 @@ class PinnedBuffer {
 };
 
 // Where each array of a ForwardBatch lives inside the fixed batch buffers (in int32 elements).
+// token_src keeps the host's token ids (placeholders included) for prepare_decode, which
+// resolves them into `tokens` again every step; control holds prepare_decode's state
+// (launch_prepare_decode).
 struct BatchLayout {
   std::int64_t cap_tokens = 0, cap_seqs = 0, cap_table = 0;
-  std::int64_t tokens = 0, positions = 0, slots = 0, query_start = 0, context_lens = 0,
-               logit_rows = 0, block_tables = 0, total = 0;
+  std::int64_t tokens = 0, token_src = 0, positions = 0, slots = 0, query_start = 0,
+               context_lens = 0, logit_rows = 0, control = 0, block_tables = 0, total = 0;
   static BatchLayout make(std::int64_t t, std::int64_t s, std::int64_t table) {
     BatchLayout l;
     l.cap_tokens = t;
@@ -89,11 +95,13 @@ struct BatchLayout {
       return at;
     };
     l.tokens = take(t);
+    l.token_src = take(t);
     l.positions = take(t);
     l.slots = take(t);
     l.logit_rows = take(t);
     l.query_start = take(s + 1);
     l.context_lens = take(s);
+    l.control = take(2);
     l.block_tables = take(table);
     l.total = off;
     return l;
@@ -129,8 +137,12 @@ class CudaBackend final : public Backend {
   void transpose(Tensor dst, const Tensor& src) override;
   MemoryInfo memory_info() const override;
   DeviceBatch upload_batch(const ForwardBatch& batch) override;
+  DeviceBatch upload_decode_batch(const ForwardBatch& batch, std::int32_t growing) override;
+  void prepare_decode(const DeviceBatch& batch, const Tensor& sampled) override;
+  bool keeps_decode_batches() const noexcept override { return keep_decode_batches_; }
   void synchronize() override {
     XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (copy_stream_) XSERV_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
     close_profile_range();
   }
   void bind_thread() override { XSERV_CUDA_CHECK(cudaSetDevice(device_index_)); }
@@ -175,6 +187,9 @@ class CudaBackend final : public Backend {
   // host; returns the slot (index into sample_slots_) that wait_slot reads.
   std::size_t enqueue_sample(Tensor logits, const SamplingBatch& params, std::int32_t* ids_dev);
   void wait_slot(std::size_t slot, std::int32_t* out_ids);
+  // upload_batch's copy; `growing` >= 0 arms prepare_decode to advance that many sequences in
+  // the steps that skip their copy (upload_decode_batch), -1 leaves it disarmed.
+  DeviceBatch copy_batch(const ForwardBatch& batch, std::int32_t growing);
   void stage_to_device(char* dst, const char* src, std::size_t bytes);
   void host_copy(char* dst, const char* src, std::size_t bytes);
   // gemv_partial_ and gemv_tickets_ sized for an in_out GEMV of that shape (launch_gemv).
@@ -219,6 +234,16 @@ class CudaBackend final : public Backend {
   cudaEvent_t batch_copied_ = nullptr;  // the last upload's copies left batch_host_
   std::tuple<std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t>
       batch_shape_{};
+  // Decode batches kept on the device (upload_decode_batch): the batch the buffers hold once the
+  // next prepare_decode has run, and whether one has run since (a replayed recording runs it
+  // too: Graph::prepares). XSERV_CUDA_DEVICE_BATCH bit 1 (default on).
+  bool keep_decode_batches_ = true;
+  ForwardBatch kept_;
+  DeviceBatch kept_view_;
+  std::int32_t kept_growing_ = 0;
+  bool kept_valid_ = false;
+  bool kept_prepared_ = false;
+  bool capture_prepares_ = false;  // prepare_decode was called while recording
 
   // Split-KV partials and sampling inputs.
   Buffer split_scratch_;
@@ -236,6 +261,15 @@ class CudaBackend final : public Backend {
     bool busy = false;
   };
   std::vector<std::unique_ptr<SampleSlot>> sample_slots_;
+  // An overlapped step's sampling copies (sample_async; XSERV_CUDA_DEVICE_BATCH bit 2, default
+  // on) run on copy_stream_ instead of the forward's stream, so the next step's graph starts
+  // right after the sampling kernels instead of behind two DMAs: the inputs go up while the
+  // forward runs (params_ready_), the ids come down after the kernels (sampling_done_, which
+  // also orders the next inputs' copy after the kernels that read the previous ones).
+  bool side_copies_ = true;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t params_ready_ = nullptr;
+  cudaEvent_t sampling_done_ = nullptr;
   Buffer sample_device_;
   PinnedBuffer logprobs_host_;
   Buffer logprobs_device_;
@@ -248,6 +282,7 @@ class CudaBackend final : public Backend {
     bool warmed = false;
     cudaGraphExec_t exec = nullptr;
     int replays = 0;
+    bool prepares = false;  // the recording begins with prepare_decode
   };
   using GraphKey = std::tuple<std::uint64_t, std::int32_t, std::int32_t, std::int32_t, std::int32_t,
                               std::int32_t, std::int32_t>;
@@ -321,14 +356,27 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_DEVICE_BATCH")) {
+    const int bits = std::atoi(env);
+    keep_decode_batches_ = (bits & 1) != 0;
+    side_copies_ = (bits & 2) != 0;
+  }
+  if (side_copies_) {
+    XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&params_ready_, cudaEventDisableTiming));
+    XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&sampling_done_, cudaEventDisableTiming));
+  }
 }
 
 CudaBackend::~CudaBackend() {
   if (stream_) (void)cudaStreamSynchronize(stream_);
+  if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_);
   clear_graphs();
   gemm_.reset();
   for (auto e : staging_events_) (void)cudaEventDestroy(e);
   if (batch_copied_) (void)cudaEventDestroy(batch_copied_);
+  if (params_ready_) (void)cudaEventDestroy(params_ready_);
+  if (sampling_done_) (void)cudaEventDestroy(sampling_done_);
   for (auto& slot : sample_slots_)
     if (slot->done) (void)cudaEventDestroy(slot->done);
   // Buffers from work_ are released by their own destructors before work_ (declared earlier).
@@ -344,6 +392,7 @@ CudaBackend::~CudaBackend() {
   sample_select_ = Buffer();
   logprobs_device_ = Buffer();
   token_counts_ = Buffer();
+  if (copy_stream_) (void)cudaStreamDestroy(copy_stream_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -477,6 +526,77 @@ MemoryInfo CudaBackend::memory_info() const {
 }
 
 DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
+  kept_valid_ = false;
+  return copy_batch(b, -1);
+}
+
+namespace {
+
+// Whether `b` is `kept` one token further for its first `growing` sequences (a decode batch:
+// one token per sequence) and the same otherwise, so that prepare_decode's +1 gives it exactly.
+bool advanced_by_one(const ForwardBatch& kept, const ForwardBatch& b, std::int32_t growing) {
+  const std::int32_t s = b.num_seqs();
+  if (b.num_tokens() != s || kept.num_tokens() != s || kept.num_seqs() != s || growing > s ||
+      b.max_blocks_per_seq != kept.max_blocks_per_seq || b.token_ids != kept.token_ids ||
+      b.query_start != kept.query_start || b.logit_rows != kept.logit_rows ||
+      b.block_tables != kept.block_tables)
+    return false;
+  for (std::int32_t i = 0; i < s; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const std::int32_t d = i < growing ? 1 : 0;
+    if (b.positions[k] != kept.positions[k] + d || b.slot_mapping[k] != kept.slot_mapping[k] + d ||
+        b.context_lens[k] != kept.context_lens[k] + d)
+      return false;
+  }
+  return true;
+}
+
+bool one_token_per_seq(const ForwardBatch& b) {
+  for (std::int32_t i = 0; i <= b.num_seqs(); ++i)
+    if (b.query_start[static_cast<std::size_t>(i)] != i) return false;
+  return b.num_tokens() == b.num_seqs();
+}
+
+}  // namespace
+
+DeviceBatch CudaBackend::upload_decode_batch(const ForwardBatch& b, std::int32_t growing) {
+  if (!keep_decode_batches_ || growing < 0 || growing > b.num_seqs() || !one_token_per_seq(b))
+    return upload_batch(b);
+  if (kept_valid_ && kept_prepared_ && growing == kept_growing_ && advanced_by_one(kept_, b, growing)) {
+    // The steady state: prepare_decode advances what the device holds (armed by the last
+    // copy, kept armed by every prepare since), nothing goes up.
+    kept_.positions = b.positions;
+    kept_.slot_mapping = b.slot_mapping;
+    kept_.context_lens = b.context_lens;
+    kept_prepared_ = false;
+    kept_view_.max_context_len = b.max_context_len();
+    std::get<4>(batch_shape_) = std::max(256, next_pow2(kept_view_.max_context_len));
+    return kept_view_;
+  }
+  kept_view_ = copy_batch(b, growing);
+  kept_ = b;
+  kept_growing_ = growing;
+  kept_valid_ = true;
+  kept_prepared_ = false;
+  return kept_view_;
+}
+
+void CudaBackend::prepare_decode(const DeviceBatch& batch, const Tensor& sampled) {
+  auto* dev = static_cast<std::int32_t*>(batch_device_.data());
+  const BatchLayout& l = batch_layout_;
+  XSERV_CHECK(dev != nullptr && batch.token_ids.data == dev + l.tokens &&
+                  batch.num_tokens == batch.num_seqs && sampled.dtype == DType::i32,
+              ErrorCode::invalid_argument,
+              "prepare_decode: not the last uploaded decode batch, or sampled ids of {}",
+              dtype_name(sampled.dtype));
+  launch_prepare_decode(stream_, dev + l.tokens, dev + l.token_src, dev + l.positions,
+                        dev + l.slots, dev + l.context_lens, dev + l.control, batch.num_tokens,
+                        sampled.empty() ? nullptr : sampled.as<std::int32_t>());
+  kept_prepared_ = true;
+  if (capturing_) capture_prepares_ = true;
+}
+
+DeviceBatch CudaBackend::copy_batch(const ForwardBatch& b, std::int32_t growing) {
   const std::int64_t t = b.num_tokens(), s = b.num_seqs(), r = static_cast<std::int64_t>(b.logit_rows.size());
   XSERV_CHECK(b.positions.size() == static_cast<std::size_t>(t) &&
                   b.slot_mapping.size() == static_cast<std::size_t>(t) &&
@@ -505,6 +625,9 @@ DeviceBatch CudaBackend::upload_batch(const ForwardBatch& b) {
     if (n > 0) std::memcpy(host + off, src, static_cast<std::size_t>(n) * 4);
   };
   put(l.tokens, b.token_ids.data(), t);
+  put(l.token_src, b.token_ids.data(), t);
+  host[l.control] = 0;  // these values are the step's own: the next prepare_decode keeps them
+  host[l.control + 1] = std::max(growing, 0);
   put(l.positions, b.positions.data(), t);
   put(l.slots, b.slot_mapping.data(), t);
   put(l.logit_rows, b.logit_rows.data(), r);
@@ -1001,7 +1124,11 @@ std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& para
   }
   SampleSlot& sl = *sample_slots_[slot];
   if (sl.host.size() < total) sl.host = PinnedBuffer(round_up(total * 2, 1 << 16));
+  const void* device_before = sample_device_.data();
   ensure_scratch(sample_device_, total);
+  // An overlapped step's copies take the side stream, unless the inputs' device buffer was just
+  // reallocated (its new memory is known free in the forward's stream order only).
+  const bool side = copy_stream_ != nullptr && ids_out != nullptr && sample_device_.data() == device_before;
   char* h = sl.host.data();
   auto* d = static_cast<char*>(sample_device_.data());
   std::memcpy(h, prm.data(), prm.size() * sizeof(SamplingRowParams));
@@ -1016,7 +1143,20 @@ std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& para
   const std::int32_t* prompt_start = put(params.prompt_start, ps);
   const std::int32_t* output_tokens = put(params.output_tokens, ot);
   const std::int32_t* output_start = put(params.output_start, os);
-  XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream_));
+  if (side) {
+    // After the kernels that read the previous inputs; the sampling kernels wait for the copy.
+    XSERV_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, sampling_done_));
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, copy_stream_));
+    XSERV_CUDA_CHECK(cudaEventRecord(params_ready_, copy_stream_));
+    XSERV_CUDA_CHECK(cudaStreamWaitEvent(stream_, params_ready_));
+  } else {
+    if (copy_stream_) {
+      // Side copies still pending read the ids buffer these kernels may overwrite.
+      XSERV_CUDA_CHECK(cudaEventRecord(params_ready_, copy_stream_));
+      XSERV_CUDA_CHECK(cudaStreamWaitEvent(stream_, params_ready_));
+    }
+    XSERV_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream_));
+  }
   std::uint32_t* counts = nullptr;
   if (penalties) {
     ensure_scratch(token_counts_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab) * 4);
@@ -1047,9 +1187,14 @@ std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& para
     launch_sample(stream_, logits.as<float>(), rows, vocab, reinterpret_cast<const SamplingRowParams*>(d),
                   8 * filters, counts, sample_select_.data(), ids_dev);
   }
+  if (copy_stream_) XSERV_CUDA_CHECK(cudaEventRecord(sampling_done_, stream_));
+  // With side copies the next step's graph follows the sampling kernels at once; the ids come
+  // down beside it.
+  cudaStream_t ids_stream = side ? copy_stream_ : stream_;
+  if (side) XSERV_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, sampling_done_));
   XSERV_CUDA_CHECK(cudaMemcpyAsync(h + prm_bytes, ids_dev, static_cast<std::size_t>(rows) * 4,
-                                   cudaMemcpyDeviceToHost, stream_));
-  XSERV_CUDA_CHECK(cudaEventRecord(sl.done, stream_));
+                                   cudaMemcpyDeviceToHost, ids_stream));
+  XSERV_CUDA_CHECK(cudaEventRecord(sl.done, ids_stream));
   sl.ids_offset = prm_bytes;
   sl.rows = rows;
   sl.busy = true;
@@ -1113,6 +1258,7 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
     // closes it), so the step's lm_head, sampling kernels and copies are in the profile too.
     close_profile_range();
     const bool profile = ++g.replays == profile_replay;
+    if (g.prepares) kept_prepared_ = true;
     if (profile) {
       XSERV_CUDA_CHECK(cudaStreamSynchronize(stream_));
       XSERV_CUDA_CHECK(cudaProfilerStart());
@@ -1129,23 +1275,29 @@ void CudaBackend::run_graph(std::uint64_t key, const std::function<void()>& ops)
   }
   XSERV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
+  capture_prepares_ = false;
   cudaGraph_t graph = nullptr;
   try {
     ops();
   } catch (...) {
     capturing_ = false;
+    kept_valid_ = false;  // a prepare_decode recorded here never runs
     (void)cudaStreamEndCapture(stream_, &graph);
     if (graph) (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();
     throw;
   }
   capturing_ = false;
-  XSERV_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (ended != cudaSuccess) kept_valid_ = false;
+  XSERV_CUDA_CHECK(ended);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   (void)cudaGraphDestroy(graph);
+  if (status != cudaSuccess) kept_valid_ = false;
   XSERV_CUDA_CHECK(status);
   g.exec = exec;
+  g.prepares = capture_prepares_;
   XSERV_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
 }
 

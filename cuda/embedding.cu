@@ -6,6 +6,9 @@
 // resolve_tokens: the input ids of an overlapped step (Backend::resolve_tokens): a negative id t
 // becomes sampled[-t - 1], the previous step's id that never went through the host. One block
 // (a decode batch's few hundred ids at most), plainly launched before the step's graph.
+// prepare_decode: the same resolve from the host's ids (token_src), after advancing a decode
+// batch that stayed on the device (positions, slots, context lengths +1; CudaBackend::
+// upload_decode_batch decides when that gives the step's batch exactly).
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.hpp"
@@ -41,7 +44,36 @@ __global__ void resolve_tokens_kernel(std::int32_t* tokens, std::int64_t n,
   }
 }
 
+// One block: every thread reads control[0] before thread 0 sets it (the barrier between).
+__global__ void prepare_decode_kernel(std::int32_t* tokens, const std::int32_t* token_src,
+                                      std::int32_t* positions, std::int32_t* slots,
+                                      std::int32_t* context_lens, std::int32_t* control,
+                                      std::int64_t n, const std::int32_t* sampled) {
+  const bool advance = control[0] != 0;
+  const std::int64_t growing = control[1];
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (advance && i < growing) {
+      ++positions[i];
+      ++slots[i];
+      ++context_lens[i];
+    }
+    const std::int32_t t = token_src[i];
+    tokens[i] = t < 0 ? sampled[-static_cast<std::int64_t>(t) - 1] : t;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) control[0] = 1;
+}
+
 }  // namespace
+
+void launch_prepare_decode(cudaStream_t stream, std::int32_t* tokens, const std::int32_t* token_src,
+                           std::int32_t* positions, std::int32_t* slots, std::int32_t* context_lens,
+                           std::int32_t* control, std::int64_t n, const std::int32_t* sampled) {
+  if (n == 0) return;
+  prepare_decode_kernel<<<1, 256, 0, stream>>>(tokens, token_src, positions, slots, context_lens,
+                                               control, n, sampled);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
 
 void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
                            const std::int32_t* sampled) {

@@ -32,6 +32,13 @@ void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32
 // tokens[i] < 0 becomes sampled[-tokens[i] - 1] (an overlapped step's inputs; one block).
 void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
                            const std::int32_t* sampled);
+// A decode step's batch kept on the device (Backend::prepare_decode; one block): when
+// control[0] is set (a step after the one whose copy armed it), positions, slots and context
+// lengths of rows below control[1] grow by one; then tokens[i] = token_src[i], a negative one
+// resolved from `sampled` as above (sampled may be null when none is negative); control[0] = 1.
+void launch_prepare_decode(cudaStream_t stream, std::int32_t* tokens, const std::int32_t* token_src,
+                           std::int32_t* positions, std::int32_t* slots, std::int32_t* context_lens,
+                           std::int32_t* control, std::int64_t n, const std::int32_t* sampled);
 
 // norm.cu: LayerNorm (bias may be null) or RMSNorm (bias unused) with the optional fused
 // residual add (residual += x; normalise residual).

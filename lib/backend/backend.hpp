@@ -240,6 +240,27 @@ class Backend {
   // Whether the three above run without waiting (false: the defaults, which throw).
   virtual bool samples_async() const noexcept { return false; }
 
+  // ---- decode batches kept on the device (overlapped steps' steady state) ---------------
+  // upload_batch for a decode step (one token per sequence) whose ops begin with
+  // prepare_decode. The first `growing` sequences grow by one token a step; the others (the
+  // padding of a recorded batch size) stay as they are. When `batch` is exactly the last one
+  // that went through here advanced by one token (each growing row's position, slot and
+  // context one further; tokens, block tables and everything else equal), the backend may skip
+  // the copy: prepare_decode then advances the batch where it is. Any other batch is copied.
+  virtual DeviceBatch upload_decode_batch(const ForwardBatch& batch, std::int32_t growing) {
+    (void)growing;
+    return upload_batch(batch);
+  }
+  // The first op of a decode step uploaded by upload_decode_batch (recorded with the step):
+  // advances the batch on the device when its copy was skipped, and puts sampled ids in place of
+  // placeholder tokens as resolve_tokens does.
+  virtual void prepare_decode(const DeviceBatch& batch, const Tensor& sampled) {
+    resolve_tokens(batch.token_ids, sampled);
+  }
+  // Whether the two above keep batches on the device (CUDA, unless XSERV_CUDA_DEVICE_BATCH=0);
+  // false: callers use upload_batch and resolve_tokens.
+  virtual bool keeps_decode_batches() const noexcept { return false; }
+
   // Log-probabilities under log_softmax of raw logits [R, V] f32 (read only; sample() changes
   // logits in place, so pass them before sampling or a copy): per row r, the log-probability of
   // ids[r] (host, R ids) into out_logprobs[r], and the row's top_n (0 ..= max_top_logprobs) most

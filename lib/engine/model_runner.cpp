@@ -156,7 +156,11 @@ void ModelRunner::compute_logprobs(const Tensor& raw, const SchedulerOutput& out
 
 Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_only, bool leader) {
   Backend& backend = model.backend();
-  const DeviceBatch device_batch = backend.upload_batch(batch_);
+  // With launches on, a decode step's batch may stay on the device from the step before
+  // (Backend::upload_decode_batch: the steady state of overlapped steps uploads nothing).
+  const bool kept_batch = decode_only && launches_ && backend.keeps_decode_batches();
+  const DeviceBatch device_batch =
+      kept_batch ? backend.upload_decode_batch(batch_, growing_seqs_) : backend.upload_batch(batch_);
   // Placeholder ids (an overlapped step's inputs) come from the last launch's ids on the device.
   const Tensor sampled(sampled_ids_.data(), DType::i32,
                        {static_cast<std::int64_t>(sampled_ids_.size() / 4)}, backend.device());
@@ -170,11 +174,12 @@ Tensor ModelRunner::forward_rank(Model& model, kv::KvCache& cache, bool decode_o
   // (per rank; a recording holds that rank's collectives too). With launches on, every decode
   // recording starts with the placeholders' resolve (token_ids and the ids buffer keep their
   // addresses): a no-op in a step without placeholders, and no kernel launch of its own before
-  // the graph in one with them.
+  // the graph in one with them. A kept batch's prepare_decode is that resolve and the advance.
   const auto size = batch_.num_seqs();
   Tensor logits;
   backend.run_graph((epoch_ << 32) | static_cast<std::uint64_t>(size), [&] {
-    if (launches_) backend.resolve_tokens(device_batch.token_ids, sampled);
+    if (kept_batch) backend.prepare_decode(device_batch, sampled);
+    else if (launches_) backend.resolve_tokens(device_batch.token_ids, sampled);
     logits = model.forward(device_batch, cache);
   });
   if (!leader) return logits;
@@ -190,6 +195,7 @@ Tensor ModelRunner::prepare_and_forward(const SchedulerOutput& out) {
   build_sampling(out);
   const std::size_t rows = sampling_.rows.size();
   const bool decode_only = out.decode_only();
+  growing_seqs_ = batch_.num_seqs();  // the padding after them never grows
   if (decode_only && pad_) pad_batch();
   last_host_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

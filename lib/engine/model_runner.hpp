@@ -110,6 +110,7 @@ class ModelRunner {
   std::vector<Pending> pending_;
   std::size_t last_rows_ = 0;
   bool batch_placeholders_ = false;
+  std::int32_t growing_seqs_ = 0;  // the built batch's sequences before padding
   double last_host_seconds_ = 0;
 };
 

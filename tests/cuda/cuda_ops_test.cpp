@@ -1175,3 +1175,91 @@ TEST_CASE("cuda run_graph records once and replays with new batch contents", "[c
     require_close(got, cy, 1e-5, 1e-4);
   }
 }
+
+// Decode batches kept on the device: a step whose batch is the last one advanced by a token
+// skips its copy and prepare_decode (here replayed from a recording, as the engine runs it)
+// advances positions, slots and context lengths of the growing rows, not the padding; placeholder
+// tokens read the step's sampled ids. A new block, a plain upload_batch in between or other rows
+// send the batch up again.
+TEST_CASE("cuda upload_decode_batch keeps a decode batch on the device", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  const std::int32_t seqs = 4, growing = 3, bs = 4, table = 8;
+  auto batch_at = [&](std::int32_t step, std::int32_t rows) {
+    ForwardBatch b;
+    b.max_blocks_per_seq = table;
+    b.query_start.push_back(0);
+    for (std::int32_t i = 0; i < rows; ++i) {
+      const bool grows = i < growing;
+      const std::int32_t pos = grows ? 5 + step + i : 0;
+      std::vector<std::int32_t> blocks(table, 0);
+      for (std::int32_t k = 0; grows && k <= pos / bs; ++k) blocks[static_cast<std::size_t>(k)] = 1 + 10 * i + k;
+      b.token_ids.push_back(grows ? -(i + 1) : 0);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(blocks[static_cast<std::size_t>(pos / bs)] * bs + pos % bs);
+      b.query_start.push_back(i + 1);
+      b.context_lens.push_back(pos + 1);
+      b.block_tables.insert(b.block_tables.end(), blocks.begin(), blocks.end());
+      b.logit_rows.push_back(i);
+    }
+    return b;
+  };
+  const Tensor sampled = be.gpu_ints(std::vector<std::int32_t>(seqs, 0), {seqs});
+  auto step_with = [&](const ForwardBatch& b, std::int32_t salt) {
+    std::vector<std::int32_t> ids(seqs);
+    for (std::int32_t i = 0; i < seqs; ++i) ids[static_cast<std::size_t>(i)] = 1000 * salt + i;
+    be.gpu->upload(sampled, ids.data());
+    const DeviceBatch db = be.gpu->upload_decode_batch(b, std::min(growing, b.num_seqs()));
+    be.gpu->run_graph(7, [&] { be.gpu->prepare_decode(db, sampled); });
+    return std::make_pair(db, ids);
+  };
+  auto check = [&](const DeviceBatch& db, const ForwardBatch& b, const std::vector<std::int32_t>& ids) {
+    const auto n = static_cast<std::size_t>(b.num_tokens());
+    std::vector<std::int32_t> tokens(n), pos(n), slots(n), ctx(n);
+    be.gpu->download(tokens.data(), db.token_ids);
+    be.gpu->download(pos.data(), db.positions);
+    be.gpu->download(slots.data(), db.slot_mapping);
+    be.gpu->download(ctx.data(), db.context_lens);
+    std::vector<std::int32_t> want_tokens = b.token_ids;
+    for (auto& t : want_tokens)
+      if (t < 0) t = ids[static_cast<std::size_t>(-t - 1)];
+    CHECK(tokens == want_tokens);
+    CHECK(pos == b.positions);
+    CHECK(slots == b.slot_mapping);
+    CHECK(ctx == b.context_lens);
+  };
+  std::int32_t salt = 1;
+  for (std::int32_t step = 0; step < 12; ++step) {  // rows 0-2 cross into new blocks on the way
+    INFO("step " << step);
+    const ForwardBatch b = batch_at(step, seqs);
+    const auto [db, ids] = step_with(b, salt++);
+    check(db, b, ids);
+  }
+  // Another batch in between (a prefill's upload_batch), then the advanced one: copied again.
+  be.gpu->upload_batch(batch_at(0, seqs));
+  {
+    const ForwardBatch b = batch_at(12, seqs);
+    const auto [db, ids] = step_with(b, salt++);
+    check(db, b, ids);
+  }
+  // Fewer rows (a sequence ended): copied.
+  {
+    const ForwardBatch b = batch_at(13, 2);
+    const auto [db, ids] = step_with(b, salt++);
+    check(db, b, ids);
+  }
+  if (be.gpu->keeps_decode_batches()) {
+    // The next step advances what the device holds: its copy was skipped (neither row enters
+    // a new block from step 15 to 16).
+    const ForwardBatch b = batch_at(16, 2);
+    const DeviceBatch last = be.gpu->upload_decode_batch(batch_at(15, 2), 2);  // copied
+    be.gpu->run_graph(7, [&] { be.gpu->prepare_decode(last, sampled); });
+    const std::vector<std::int32_t> marked{500, 600};
+    be.gpu->upload(last.positions, marked.data());
+    const DeviceBatch db = be.gpu->upload_decode_batch(b, 2);
+    be.gpu->run_graph(7, [&] { be.gpu->prepare_decode(db, sampled); });
+    std::vector<std::int32_t> pos(2);
+    be.gpu->download(pos.data(), db.positions);
+    CHECK(pos == std::vector<std::int32_t>{501, 601});
+  }
+}
