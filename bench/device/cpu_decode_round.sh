@@ -7,12 +7,7 @@
 #   OUT=... VARIANTS="..." bash bench/device/cpu_decode_round.sh        (from the repository root)
 # A request's run.sh may define plan() (calls of probe / profile / stream below) and source this
 # file instead; the default plan is Qwen3-0.6B at 8 threads.
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+source bench/device/cpu_round_common.sh
 left() { echo $((${BUDGET:-225} - ($(date +%s) - t0))); }
 B=${B:-/tmp/b}   # the build; SKIP_BUILD=1 uses one already there (trying the script out)
 [ -n "${SKIP_BUILD:-}" ] || cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXSERV_CUDA=OFF -DXSERV_BUILD_TESTS=ON \
