@@ -45,8 +45,9 @@ void check_batch_vec(const char* op, const char* name, const Tensor& t, std::int
 // How many cache blocks ahead a decode row's task prefetches its K/V (AttentionTask::
 // prefetch_blocks): XSERV_CPU_ATTN_PREFETCH=N, default 1, 0 none (the rule before 2026-12-02).
 // Qwen3-0.6B at 8 threads on the GPU machine's Xeon (docs/benchmarks.md, issue 16, twelfth
-// session): attention and qk_transform 1136 -> 779 us per decode step (one profile each, with the
-// guided GEMV split); at 2 threads each layer's 1.3 MB of K/V took ~100 us to read without it.
+// session; medians of interleaved runs): decode 56.3 tok/s with the guided GEMV split alone,
+// 66.8 with this prefetch too; attention and qk_transform 1136 -> 779 us per step (one profile
+// each, against main). 4 blocks ahead: no better (68.1 vs 68.3 tok/s, 4 runs each).
 std::int32_t attention_prefetch_blocks() {
   static const std::int32_t blocks = [] {
     const char* v = std::getenv("XSERV_CPU_ATTN_PREFETCH");

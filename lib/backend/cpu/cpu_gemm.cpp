@@ -177,7 +177,11 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
 }
 
 // XSERV_CPU_GEMV_SPLIT=even: a decode GEMV's column groups in the pool's even chunks (4 per
-// thread, the rule before 2026-12-02) instead of guided pieces (run_gemv). Read once.
+// thread, the rule before 2026-12-02) instead of guided pieces (run_gemv). Read once. Measured
+// on the GPU machine's Xeon (docs/benchmarks.md, issue 16, twelfth session; with the attention
+// prefetch, against both off; interleaved runs, medians): Qwen3-0.6B decode at 8 threads 66.8
+// vs 51.9 and 68.3 vs 62.9 tok/s in two calls, GPT-2 217.0 vs 197.5 and 217.1 vs 180.0,
+// Qwen3-0.6B at 16 threads 85.3 vs 79.6; at 2 threads within the noise (23.6-24.3 vs 22.5-25.0).
 bool gemv_guided() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMV_SPLIT");
