@@ -7,12 +7,7 @@
 # (Round 1's script, with the unpacked GEMM and the GEMMs alone per variant: git history,
 # bench/device/cpu_dot_round.sh.)
 #   OUT=... bash bench/device/cpu_amx_round.sh        (from the repository root)
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+source bench/device/cpu_round_common.sh
 cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DXSERV_CUDA=OFF -DXSERV_BUILD_TESTS=ON \
   -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build /tmp/b -j16 --target xserv_tests generate_bench >>"$OUT/build.log" 2>&1 ||

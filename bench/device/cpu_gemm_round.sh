@@ -4,12 +4,7 @@
 # the default in one CPU-only build (and main's, BASE_TGZ), then whole prefills with the best two,
 # then a GPT-2 decode profile.
 #   OUT=... bash bench/device/cpu_gemm_round.sh        (from the repository root)
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+source bench/device/cpu_round_common.sh
 build() {  # source dir, build dir, targets...
   local src=$1 dir=$2
   shift 2

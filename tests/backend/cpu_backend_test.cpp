@@ -721,6 +721,33 @@ TEST_CASE("cpu qk_transform_store: per-head RMSNorm, neox RoPE, K/V into cache s
   }
 }
 
+TEST_CASE("cpu qk_transform_store one-row calls: the kept RoPE table follows position, head size and theta", "[cpu]") {
+  // One backend keeps inv_freq and the last one-row call's cos/sin (a decode step's layers share
+  // a position); each call must equal a fresh backend's, whatever changed since the last.
+  std::mt19937 rng(9);
+  CpuBackend kept(BackendOptions{2, 0});
+  struct Call {
+    HeadGeometry geom;
+    std::int32_t context;  // the row's position is context - 1
+    float theta;
+  };
+  const Call calls[] = {{{4, 2, 64}, 7, 1e6f},  {{4, 2, 64}, 7, 1e6f},  {{4, 2, 64}, 8, 1e6f},
+                        {{4, 2, 32}, 8, 1e6f},  {{4, 2, 32}, 8, 1e4f},  {{4, 2, 32}, 3, 1e4f}};
+  for (const Call& call : calls) {
+    INFO("d " << call.geom.head_dim << " position " << call.context - 1 << " theta " << call.theta);
+    auto c = make_paged(rng, call.geom, 4, {{call.context, 1}});
+    QkTransform tr;
+    tr.rope = true;
+    tr.rope_theta = call.theta;
+    const std::int64_t width = call.geom.qkv_width();
+    auto got = c.qkv, want = c.qkv;
+    kept.qk_transform_store(view(got, {1, width}), call.geom, tr, kept.upload_batch(c.batch), c.cache());
+    CpuBackend fresh(BackendOptions{1, 0});
+    fresh.qk_transform_store(view(want, {1, width}), call.geom, tr, fresh.upload_batch(c.batch), c.cache());
+    REQUIRE(got == want);
+  }
+}
+
 TEST_CASE("cpu prefill then decode through qk_transform_store and attention", "[cpu]") {
   // The cache written by qk_transform_store is what attention reads: a 2-token decode after a
   // prefill equals one prefill of the whole sequence.

@@ -7,6 +7,7 @@
 // read each cached K/V vector once; rows attend to keys at positions 0 ..= their own.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -39,6 +40,20 @@ void check_batch_vec(const char* op, const char* name, const Tensor& t, std::int
   check_dtype(op, name, t, DType::i32);
   XSERV_CHECK(t.numel() == n && (n == 0 || t.data), ErrorCode::invalid_argument,
               "{}: batch.{} has {} entries, expected {}", op, name, t.numel(), n);
+}
+
+// How many cache blocks ahead a decode row's task prefetches its K/V (AttentionTask::
+// prefetch_blocks): XSERV_CPU_ATTN_PREFETCH=N, default 1, 0 none (the rule before 2026-12-02).
+// Qwen3-0.6B at 8 threads on the GPU machine's Xeon (docs/benchmarks.md, issue 16, twelfth
+// session; medians of interleaved runs): decode 56.3 tok/s with the guided GEMV split alone,
+// 66.8 with this prefetch too; attention and qk_transform 1136 -> 779 us per step (one profile
+// each, against main). 4 blocks ahead: no better (68.1 vs 68.3 tok/s, 4 runs each).
+std::int32_t attention_prefetch_blocks() {
+  static const std::int32_t blocks = [] {
+    const char* v = std::getenv("XSERV_CPU_ATTN_PREFETCH");
+    return v ? std::clamp(std::atoi(v), 0, 64) : 1;
+  }();
+  return blocks;
 }
 
 // y = weight * (x * rsqrt(mean(x^2) + eps)) over one head, as HF's Qwen3RMSNorm in f32.
@@ -86,29 +101,43 @@ void CpuBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const
                 "{}: row {} has slot {} (cache has {}) and position {}", op, t, slot[t], slots,
                 pos[t]);
 
-  // inv_freq[i] = 1 / theta^(2i / D), every step in f32 as HF's rotary embedding computes it.
+  // inv_freq[i] = 1 / theta^(2i / D), every step in f32 as HF's rotary embedding computes it;
+  // kept from call to call, as are the cos/sin of the last one-row call's position: a decode step
+  // of one sequence calls this once per layer at one position, and pow/cos/sin for 64 frequencies
+  // took ~5 us of each call (Qwen3-0.6B, 28 layers).
   const std::int64_t half = d / 2;
-  std::vector<float> inv_freq(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i)
-    inv_freq[static_cast<std::size_t>(i)] =
-        1.0f / std::pow(tr.rope_theta, static_cast<float>(2 * i) / static_cast<float>(d));
+  if (tr.rope && (rope_theta_ != tr.rope_theta || rope_d_ != d)) {
+    rope_inv_freq_.resize(static_cast<std::size_t>(half));
+    for (std::int64_t i = 0; i < half; ++i)
+      rope_inv_freq_[static_cast<std::size_t>(i)] =
+          1.0f / std::pow(tr.rope_theta, static_cast<float>(2 * i) / static_cast<float>(d));
+    rope_theta_ = tr.rope_theta;
+    rope_d_ = d;
+    rope_pos_ = -1;
+  }
+  const auto rope_table = [&](std::int32_t p, float* cos_v, float* sin_v) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * rope_inv_freq_[static_cast<std::size_t>(i)];
+      cos_v[i] = std::cos(angle);
+      sin_v[i] = std::sin(angle);
+    }
+  };
+  const bool one_row = tr.rope && t_count == 1;
+  if (one_row && rope_pos_ != pos[0]) {
+    rope_cs_.resize(static_cast<std::size_t>(2 * half));
+    rope_table(pos[0], rope_cs_.data(), rope_cs_.data() + half);
+    rope_pos_ = pos[0];
+  }
   const F32View qn(tr.q_norm), kn(tr.k_norm);
   const std::int64_t kv_row = static_cast<std::int64_t>(heads.n_kv_heads) * d;
 
   pool_.parallel_for(static_cast<std::size_t>(t_count), [&](std::size_t b, std::size_t e) {
-    std::vector<float> cs(static_cast<std::size_t>(2 * half));
-    float* cos_v = cs.data();
-    float* sin_v = cs.data() + half;
+    std::vector<float> cs(one_row ? 0 : static_cast<std::size_t>(2 * half));
+    float* cos_v = one_row ? rope_cs_.data() : cs.data();
+    float* sin_v = cos_v + half;
     for (std::size_t r = b; r < e; ++r) {
       float* row = qkv.as<float>() + static_cast<std::int64_t>(r) * width;
-      if (tr.rope) {
-        const auto p = static_cast<float>(pos[r]);
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float angle = p * inv_freq[static_cast<std::size_t>(i)];
-          cos_v[i] = std::cos(angle);
-          sin_v[i] = std::sin(angle);
-        }
-      }
+      if (tr.rope && !one_row) rope_table(pos[r], cos_v, sin_v);
       for (std::int32_t h = 0; h < heads.n_q_heads + heads.n_kv_heads; ++h) {
         float* x = row + h * d;
         const float* nw = h < heads.n_q_heads ? qn.get() : kn.get();
@@ -231,6 +260,7 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
         at.v_cache = cache.v.as<const float>() + h * d;
         at.slot_stride = heads.n_kv_heads * d;
         at.scale = scale;
+        at.prefetch_blocks = attention_prefetch_blocks();
         scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
         kt.attention(at, scratch.data());
       }

@@ -95,6 +95,12 @@ class CpuBackend final : public Backend {
   // it off), 2 emulated (XSERV_CPU_AMX=emulate: tests).
   int amx_;
   std::vector<std::uint16_t> amx_a_;
+  // qk_transform_store's RoPE tables: inv_freq for (rope_theta_, rope_d_), and the cos | sin of
+  // position rope_pos_ (the last one-row call's; -1: none).
+  float rope_theta_ = 0.0f;
+  std::int64_t rope_d_ = 0;
+  std::int32_t rope_pos_ = -1;
+  std::vector<float> rope_inv_freq_, rope_cs_;
   // How long idle threads poll: while a forward runs (set by upload_batch), decode_spin_us_
   // (XSERV_CPU_SPIN_US, 200) for batches of up to gemv_max_rows tokens, prefill_spin_us_
   // (XSERV_CPU_PREFILL_SPIN_US, else the larger of 200 and decode's) for larger ones; from the

@@ -9,6 +9,7 @@
 // cpu_amx.hpp). f32 weights with M > gemv_max_rows go to
 // OpenBLAS when it is there: its sgemm beats the portable kernel on f32 (bench/cpu_ops_bench).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -175,12 +176,33 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   return p;
 }
 
+// XSERV_CPU_GEMV_SPLIT=even: a decode GEMV's column groups in the pool's even chunks (4 per
+// thread, the rule before 2026-12-02) instead of guided pieces (run_gemv). Read once. Measured
+// on the GPU machine's Xeon (docs/benchmarks.md, issue 16, twelfth session; with the attention
+// prefetch, against both off; interleaved runs, medians): Qwen3-0.6B decode at 8 threads 66.8
+// vs 51.9 and 68.3 vs 62.9 tok/s in two calls, GPT-2 217.0 vs 197.5 and 217.1 vs 180.0,
+// Qwen3-0.6B at 16 threads 85.3 vs 79.6; at 2 threads within the noise (23.6-24.3 vs 22.5-25.0).
+bool gemv_guided() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMV_SPLIT");
+    return !(v && std::string_view(v) == "even");
+  }();
+  return on;
+}
+
 // GEMVs (M <= gemv_max_rows) of several problems in one parallel loop over their output
 // columns in 16-column groups (cache lines of f32 output), so each chunk streams contiguous
 // slices of out_in weights; chunks hold at least min_parallel_bytes() of weights: a small
 // model's GEMV (tens of KB, in L2) runs faster on the calling thread than it takes to hand half
 // of it to another one. One loop for q/k/v (gemm_parts) has one hand-off and one tail where
 // three loops have three, and the smallest parts (k, v) no longer end on a mostly idle pool.
+//
+// Guided (gemv_guided): the pool runs one slot per thread, and each slot claims pieces of the
+// groups from a shared counter, each piece 1 / (2 x slots) of what is left, down to 64 KB of
+// weights. With even chunks (4 per thread) a loop ends on its last chunk run by one core, whose
+// bandwidth alone is a fraction of the machine's: 1/32 of the op at 8 threads (262 KB of
+// Qwen3-0.6B's q/k/v, 9.7 MB of its lm_head) read at one core's ~10 GB/s while the other seven
+// wait. Guided pieces end the loop on 64 KB ones.
 void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProblem> ps) {
   std::int64_t first_group[max_gemv_parts + 1] = {};
   std::int64_t group_bytes = 1;
@@ -189,17 +211,37 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
     group_bytes = std::max<std::int64_t>(
         group_bytes, static_cast<std::int64_t>(16 * ps[i].k * dtype_size(ps[i].w_dtype)));
   }
-  const auto grain = static_cast<std::size_t>(std::max<std::int64_t>(1, min_parallel_bytes() / group_bytes));
-  pool.parallel_for(static_cast<std::size_t>(first_group[ps.size()]), [&](std::size_t b, std::size_t e) {
+  const std::int64_t groups = first_group[ps.size()];
+  const auto grain = std::max<std::int64_t>(1, min_parallel_bytes() / group_bytes);
+  const auto run_groups = [&](std::int64_t b, std::int64_t e) {
     for (std::size_t i = 0; i < ps.size(); ++i) {
-      const std::int64_t g0 = std::max<std::int64_t>(static_cast<std::int64_t>(b), first_group[i]);
-      const std::int64_t g1 = std::min<std::int64_t>(static_cast<std::int64_t>(e), first_group[i + 1]);
+      const std::int64_t g0 = std::max(b, first_group[i]);
+      const std::int64_t g1 = std::min(e, first_group[i + 1]);
       if (g0 >= g1) continue;
       const GemmProblem& p = ps[i];
       kt.gemm_tile(p, 0, p.m, (g0 - first_group[i]) * 16,
                    std::min(p.n, (g1 - first_group[i]) * 16), gemm_scratch());
     }
-  }, grain);
+  };
+  const std::int64_t slots = std::min(static_cast<std::int64_t>(pool.size()), groups / grain);
+  if (gemv_guided() && slots > 1) {
+    std::atomic<std::int64_t> next{0};
+    const std::int64_t min_piece = std::max<std::int64_t>(1, (64 * 1024 + group_bytes - 1) / group_bytes);
+    pool.parallel_for(static_cast<std::size_t>(slots), [&](std::size_t, std::size_t) {
+      std::int64_t b = next.load(std::memory_order_relaxed);
+      while (b < groups) {
+        const std::int64_t e = std::min(groups, b + std::max(min_piece, (groups - b) / (2 * slots)));
+        if (next.compare_exchange_weak(b, e, std::memory_order_relaxed)) {
+          run_groups(b, e);
+          b = next.load(std::memory_order_relaxed);
+        }
+      }
+    });
+    return;
+  }
+  pool.parallel_for(static_cast<std::size_t>(groups), [&](std::size_t b, std::size_t e) {
+    run_groups(static_cast<std::int64_t>(b), static_cast<std::int64_t>(e));
+  }, static_cast<std::size_t>(grain));
 }
 
 }  // namespace

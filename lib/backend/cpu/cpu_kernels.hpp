@@ -69,6 +69,11 @@ struct AttentionTask {
   const float* v_cache = nullptr;
   std::int64_t slot_stride = 0;  // floats between consecutive slots (n_kv_heads * head_dim)
   float scale = 1.0f;
+  // One-row tasks (decode) prefetch the K and V rows of their heads this many cache blocks ahead
+  // into L2 (0: none; XSERV_CPU_ATTN_PREFETCH): between two tokens every weight streams through
+  // the caches, so a layer's cache comes from DRAM, in runs of head_dim floats a slot apart that
+  // the hardware prefetchers do not follow.
+  std::int32_t prefetch_blocks = 0;
 };
 
 // Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
