@@ -1085,6 +1085,54 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   }
 }
 
+// Batched decode (issue 10: 64-128 rows of the short contexts that serving runs) on the bf16 mma
+// kernel against the CPU backend, at the tolerance of the test above (run_attention_case's
+// exact_inputs): the default launch (one split of 4 warps, rows first) and the launch options of
+// these batches, each through the two ops and through qk_attention: the grid walking a row's kv
+// heads first (XSERV_CUDA_ATTN_ORDER=heads), the q/k prologue folded in (FUSE_QK=1), one kv head
+// a warp (HEAD_WARPS=1: 2 splits a row at 64 rows, 1 at 128, 6 at 20 rows merged by the last
+// warp; 12 kv heads leave 4 warps of a block idle) with 3 and 2 chunk buffers a warp. Rows of 1
+// to 600 keys (own keys at every place of a chunk), 20, 64 and 128 rows, GQA 2 and 4 (Qwen3-1.7B,
+// 8B), head_dim 128 and 64, cache blocks of 16 and 5 keys.
+TEST_CASE("cuda batched decode attention: 64 and 128 rows, launch options", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(23);
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  Seqs rows20, rows64, rows128;
+  for (std::int32_t i = 0; i < 20; ++i) rows20.emplace_back(1, 1 + (i * 97) % 600);
+  for (std::int32_t i = 0; i < 64; ++i) rows64.emplace_back(1, 1 + (i * 37) % 300);
+  for (std::int32_t i = 0; i < 128; ++i) rows128.emplace_back(1, 120 + (i * 29) % 90);
+  const AttnCase cases[] = {{{16, 8, 128}, true, true, rows64},  {{16, 8, 128}, true, true, rows128},
+                            {{32, 8, 128}, true, true, rows128}, {{16, 8, 64}, true, true, rows64},
+                            {{16, 8, 128}, true, true, rows20},  {{24, 12, 64}, true, true, rows20}};
+  struct Variant {
+    const char *order, *fuse_qk, *head_warps, *stages;
+  };
+  const Variant variants[] = {{nullptr, nullptr, nullptr, nullptr}, {"heads", nullptr, nullptr, nullptr},
+                              {"heads", "1", nullptr, nullptr},     {nullptr, nullptr, "1", nullptr},
+                              {nullptr, "1", "1", nullptr},         {nullptr, "1", "1", "2"}};
+  const auto shown = [](const char* v) { return v ? v : "unset"; };
+  for (const auto& v : variants) {
+    const ScopedEnv env_order("XSERV_CUDA_ATTN_ORDER", v.order);  // all four read at every call
+    const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", v.fuse_qk);
+    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", v.head_warps);
+    const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", v.stages);
+    for (const auto& c : cases) {
+      for (std::int32_t bs : {16, 5}) {
+        for (bool one_op : {false, true}) {
+          INFO("XSERV_CUDA_ATTN_ORDER=" << shown(v.order) << " FUSE_QK=" << shown(v.fuse_qk)
+                                        << " HEAD_WARPS=" << shown(v.head_warps) << " STAGES="
+                                        << shown(v.stages) << (one_op ? " qk_attention" : " two ops") << " heads "
+                                        << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
+                                        << c.geom.head_dim << " rows " << c.seqs.size() << " block " << bs);
+          run_attention_case(be, rng, DType::bf16, c, bs, one_op, !one_op);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda import_weight: chunked staging, f16 becomes bf16", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
