@@ -586,9 +586,7 @@ __global__ void __launch_bounds__(Warps * 32)
   // HeadWarps (launch_head_warps): block (row, y, split), warp w takes kv head y * Warps + w and
   // every chunk of the split alone; the warps share nothing (no block barrier).
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int row = p.heads_fastest && !HeadWarps ? blockIdx.y : blockIdx.x;
-  const int kvh = HeadWarps ? blockIdx.y * Warps + warp : p.heads_fastest ? blockIdx.x : blockIdx.y;
-  const int split = blockIdx.z;
+  const int row = blockIdx.x, kvh = HeadWarps ? blockIdx.y * Warps + warp : blockIdx.y, split = blockIdx.z;
   if (HeadWarps && kvh >= p.n_kv_heads) return;
   const int group = p.n_q_heads / p.n_kv_heads;
   const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
@@ -1163,26 +1161,12 @@ int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
                      : stages == 3 ? mma_blocks_per_sm_of<128, 3>() : mma_blocks_per_sm_of<128, 4>();
 }
 
-// XSERV_CUDA_ATTN_ORDER=heads (read at every call): the grid walks a row's kv heads first
-// (AttentionParams::heads_fastest), for launches of many rows; unset: rows first, as before.
-bool heads_fastest_order(const AttentionParams& p) noexcept {
-  const char* env = std::getenv("XSERV_CUDA_ATTN_ORDER");
-  return env != nullptr && std::string_view(env) == "heads" && p.num_tokens <= 65535;
-}
-
 template <int D, int Stages, bool Fused, int Warps = mma_warps>
 void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
   const int smem = std::max(DecodeLayout<D, Stages, Warps>::ring_bytes,
                             p.num_splits > 1 ? merge_bytes(group, p.num_splits, Warps * 32) : 0);
-  if (heads_fastest_order(p)) {
-    QkAttentionParams hp = qp;
-    hp.attn.heads_fastest = true;
-    launch_pdl(mma_kernel_configured<D, Stages, Fused, Warps>(), dim3(p.n_kv_heads, p.num_tokens, p.num_splits),
-               dim3(Warps * 32), static_cast<std::size_t>(smem), stream, hp);
-    return;
-  }
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
   launch_pdl(mma_kernel_configured<D, Stages, Fused, Warps>(), grid, dim3(Warps * 32),
              static_cast<std::size_t>(smem), stream, qp);

@@ -213,10 +213,6 @@ struct AttentionParams {
   // The register kernel loads its first keys before grid_dependency_wait when they were cached
   // before this step (XSERV_CUDA_ATTN_EARLY_KV=0: after it, as before 2026-12-02).
   bool early_kv = true;
-  // The bf16 mma decode kernel's grid order: (T, n_kv_heads, splits) by default; true: (n_kv_heads,
-  // T, splits), so the blocks of a row's kv heads, which read neighbouring 256-byte pieces of the
-  // same cache lines' pages, are dispatched together (set by its launch, XSERV_CUDA_ATTN_ORDER).
-  bool heads_fastest = false;
 };
 // One query row per block (decode), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);

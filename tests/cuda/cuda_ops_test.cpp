@@ -1085,16 +1085,15 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   }
 }
 
-// Batched decode (issue 10: 64-128 rows of the short contexts that serving runs) on the bf16 mma
-// kernel against the CPU backend, at the tolerance of the test above (run_attention_case's
-// exact_inputs): the default launch (one split of 4 warps, rows first) and the launch options of
-// these batches, each through the two ops and through qk_attention: the grid walking a row's kv
-// heads first (XSERV_CUDA_ATTN_ORDER=heads), the q/k prologue folded in (FUSE_QK=1), one kv head
-// a warp (HEAD_WARPS=1: 2 splits a row at 64 rows, 1 at 128, 6 at 20 rows merged by the last
-// warp; 12 kv heads leave 4 warps of a block idle) with 3 and 2 chunk buffers a warp. Rows of 1
-// to 600 keys (own keys at every place of a chunk), 20, 64 and 128 rows, GQA 2 and 4 (Qwen3-1.7B,
-// 8B), head_dim 128 and 64, cache blocks of 16 and 5 keys.
-TEST_CASE("cuda batched decode attention: 64 and 128 rows, launch options", "[cuda]") {
+// Batched decode (issue 10) on the bf16 mma kernel's one-kv-head-a-warp form
+// (XSERV_CUDA_ATTN_HEAD_WARPS=1) against the CPU backend, at the tolerance of the test above
+// (run_attention_case): through the two ops (exact_inputs) and through qk_attention with the q/k
+// prologue folded in (FUSE_QK=1), with 3 and 2 chunk buffers a warp. 128 rows of 120-209 keys
+// (one split), 64 rows of 1-299 keys (2 splits a row, merged by the last warp; rows of one chunk
+// leave the second split empty), 20 rows of 1-600 keys (6 splits); GQA 2 and 4 (Qwen3-1.7B, 8B),
+// 12 kv heads (two blocks a row, 4 warps of the second idle), head_dim 128 and 64, cache blocks
+// of 16 and 5 keys (a chunk straddles blocks).
+TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(23);
@@ -1103,32 +1102,29 @@ TEST_CASE("cuda batched decode attention: 64 and 128 rows, launch options", "[cu
   for (std::int32_t i = 0; i < 20; ++i) rows20.emplace_back(1, 1 + (i * 97) % 600);
   for (std::int32_t i = 0; i < 64; ++i) rows64.emplace_back(1, 1 + (i * 37) % 300);
   for (std::int32_t i = 0; i < 128; ++i) rows128.emplace_back(1, 120 + (i * 29) % 90);
-  const AttnCase cases[] = {{{16, 8, 128}, true, true, rows64},  {{16, 8, 128}, true, true, rows128},
-                            {{32, 8, 128}, true, true, rows128}, {{16, 8, 64}, true, true, rows64},
-                            {{16, 8, 128}, true, true, rows20},  {{24, 12, 64}, true, true, rows20}};
-  struct Variant {
-    const char *order, *fuse_qk, *head_warps, *stages;
+  struct Case {
+    AttnCase attn;
+    std::int32_t block_size;
   };
-  const Variant variants[] = {{nullptr, nullptr, nullptr, nullptr}, {"heads", nullptr, nullptr, nullptr},
-                              {"heads", "1", nullptr, nullptr},     {nullptr, nullptr, "1", nullptr},
-                              {nullptr, "1", "1", nullptr},         {nullptr, "1", "1", "2"}};
-  const auto shown = [](const char* v) { return v ? v : "unset"; };
+  const Case cases[] = {{{{16, 8, 128}, true, true, rows128}, 16}, {{{32, 8, 128}, true, true, rows64}, 5},
+                        {{{16, 8, 128}, true, true, rows20}, 16},  {{{24, 12, 64}, true, true, rows20}, 5},
+                        {{{16, 8, 64}, true, true, rows64}, 16}};
+  struct Variant {
+    const char *fuse_qk, *stages;
+    bool one_op;
+  };
+  const Variant variants[] = {{"0", nullptr, false}, {"1", nullptr, true}, {"1", "2", true}};
+  const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", "1");  // all three read at every call
   for (const auto& v : variants) {
-    const ScopedEnv env_order("XSERV_CUDA_ATTN_ORDER", v.order);  // all four read at every call
     const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", v.fuse_qk);
-    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", v.head_warps);
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", v.stages);
     for (const auto& c : cases) {
-      for (std::int32_t bs : {16, 5}) {
-        for (bool one_op : {false, true}) {
-          INFO("XSERV_CUDA_ATTN_ORDER=" << shown(v.order) << " FUSE_QK=" << shown(v.fuse_qk)
-                                        << " HEAD_WARPS=" << shown(v.head_warps) << " STAGES="
-                                        << shown(v.stages) << (one_op ? " qk_attention" : " two ops") << " heads "
-                                        << c.geom.n_q_heads << "/" << c.geom.n_kv_heads << " d "
-                                        << c.geom.head_dim << " rows " << c.seqs.size() << " block " << bs);
-          run_attention_case(be, rng, DType::bf16, c, bs, one_op, !one_op);
-        }
-      }
+      INFO("XSERV_CUDA_ATTN_HEAD_WARPS=1 FUSE_QK=" << v.fuse_qk << " STAGES=" << (v.stages ? v.stages : "unset")
+                                                   << (v.one_op ? " qk_attention" : " two ops") << " heads "
+                                                   << c.attn.geom.n_q_heads << "/" << c.attn.geom.n_kv_heads << " d "
+                                                   << c.attn.geom.head_dim << " rows " << c.attn.seqs.size()
+                                                   << " block " << c.block_size);
+      run_attention_case(be, rng, DType::bf16, c.attn, c.block_size, v.one_op, !v.one_op);
     }
   }
 }
