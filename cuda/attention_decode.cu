@@ -10,7 +10,8 @@
 // block of the mma kernel, by attention_merge otherwise), so long contexts spread over many SMs
 // even at batch 1 (attention_rows_split sizes them).
 // Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads (the mma kernel:
-// 256 on the short-context rule's launches, launch_warps):
+// 256 on the short-context rule's launches, launch_warps; its one-kv-head-a-warp form for
+// batched decode, launch_head_warps: grid (T, n_kv_heads / 8, num_splits) x 256):
 // - attention_decode_mma_kernel (bf16, head_dim 64 or 128: every Qwen3; the default): tensor-core
 //   scores and P.V, each warp streaming its own 16-key chunks through a cp.async ring, splits
 //   merged in-kernel; optionally with the q/k prologue folded in. Described at the kernel.
@@ -485,6 +486,12 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 // of 2/3 buffers and 16/64/256 keys.
 // Warps a block: 4 (mma_warps), or 8 with two chunk buffers each where a block walks a whole
 // short row (launch_warps): that halves each warp's serial chain of chunks over the same keys.
+// HeadWarps (batched decode, launch_head_warps): a block holds a row's 8 kv heads instead, warp w
+// streaming every chunk of kv head w's split alone (three buffers, one block an SM): a pair's
+// blocks of 4 warps each start with dependent metadata, block-table and first-copy round trips
+// and end with a block barrier and combine, which at 1024 short pairs (128 rows) leave the
+// kernel at ~2.4 TB/s (ncu, 2026-12-02); here each warp's ring streams a whole split, its row's
+// splits (attention_rows_split: enough to fill one wave) merged by the last warp to finish.
 constexpr int mma_warps = 4;
 constexpr int wide_warps = 8;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
