@@ -1075,14 +1075,6 @@ bool one_wave_of_rows(std::int64_t rows_x_kv_heads, int sm_count) noexcept {
   return rows_x_kv_heads <= sm_count;
 }
 
-// XSERV_CUDA_ATTN_HEAD_WARPS=1 (read at every call): launches of more (row, kv head) pairs than
-// one wave of one block an SM (batched decode: 17 rows and up at 8 kv heads) take the kernel's
-// HeadWarps form (launch_head_warps) instead of one block of 4 warps a pair.
-bool head_warps_launch(std::int64_t rows_x_kv_heads, int sm_count) noexcept {
-  const char* env = std::getenv("XSERV_CUDA_ATTN_HEAD_WARPS");
-  return env != nullptr && std::string_view(env) == "1" && !one_wave_of_rows(rows_x_kv_heads, sm_count);
-}
-
 // Tuning, read at every call: chunk buffers per warp (XSERV_CUDA_ATTN_STAGES, 2 .. 4; unset: 0,
 // chosen per launch by launch_stages) and the keys a split holds at least
 // (XSERV_CUDA_ATTN_SPLIT_KEYS, a multiple of 16, default 64: one chunk per warp).
@@ -1198,6 +1190,20 @@ int launch_warps(const AttentionParams& p) {
   return whole_rows ? wide_warps : mma_warps;
 }
 
+// Whether a launch takes the kernel's HeadWarps form (launch_head_warps) rather than one block
+// of 4 warps a (row, kv head) pair: by default where the pairs exceed one wave of those blocks at
+// two chunk buffers a warp (three an SM at head_dim 128: 50 rows and up at 8 kv heads on the
+// H200). Measured there (docs/benchmarks.md, "Batched decode attention: one kv head a warp"):
+// Qwen3-1.7B decode at 64 / 128 rows 2.16 / 2.77 -> 2.13 / 2.61 ms a step. Below that nothing was
+// measured, so the block kernel stays. XSERV_CUDA_ATTN_HEAD_WARPS (read at every call): 0 never,
+// 1 wherever the pairs exceed one block an SM (17 rows and up at 8 kv heads).
+bool head_warps_launch(std::int32_t head_dim, std::int64_t rows_x_kv_heads, int sm_count) {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_HEAD_WARPS");
+  if (env != nullptr && std::string_view(env) == "0") return false;
+  if (env != nullptr && std::string_view(env) == "1") return !one_wave_of_rows(rows_x_kv_heads, sm_count);
+  return rows_x_kv_heads > static_cast<std::int64_t>(mma_blocks_per_sm(head_dim, 2)) * sm_count;
+}
+
 // One kv head a warp (the kernel's HeadWarps form): blocks of wide_warps warps over a row's kv
 // heads and one split, each warp streaming every chunk of its head's split through its own ring
 // (two or three buffers: XSERV_CUDA_ATTN_STAGES=2 / default 3, one block an SM), no block barrier
@@ -1212,7 +1218,7 @@ void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
 
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
-  if (head_warps_launch(static_cast<std::int64_t>(p.attn.num_tokens) * p.attn.n_kv_heads, device_sm_count())) {
+  if (head_warps_launch(D, static_cast<std::int64_t>(p.attn.num_tokens) * p.attn.n_kv_heads, device_sm_count())) {
     if (mma_stages() == 2) launch_head_warps<D, 2, Fused>(stream, p);
     else launch_head_warps<D, 3, Fused>(stream, p);
     return;
@@ -1266,7 +1272,7 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   const bool mma = use_mma();
   if (mma && mma_split_keys_forced() == 0 && short_context_decode(rows_x_kv_heads, context_bucket, sm_count))
     return {1, context_bucket};
-  if (mma && head_warps_launch(rows_x_kv_heads, sm_count)) {
+  if (mma && head_warps_launch(head_dim, rows_x_kv_heads, sm_count)) {
     // One block an SM, a row's kv heads in each (8 a block): as many splits of every row as
     // still fit one wave (each row's keys split evenly in the kernel; split_size unused), at
     // least 64 keys a split.
