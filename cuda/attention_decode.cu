@@ -10,7 +10,8 @@
 // block of the mma kernel, by attention_merge otherwise), so long contexts spread over many SMs
 // even at batch 1 (attention_rows_split sizes them).
 // Three kernels, all launched as grid (T, n_kv_heads, num_splits) x 128 threads (the mma kernel:
-// 256 on the short-context rule's launches, launch_warps):
+// 256 on the short-context rule's launches, launch_warps; its one-kv-head-a-warp form for
+// batched decode, launch_head_warps: grid (T, n_kv_heads / 8, num_splits) x 256):
 // - attention_decode_mma_kernel (bf16, head_dim 64 or 128: every Qwen3; the default): tensor-core
 //   scores and P.V, each warp streaming its own 16-key chunks through a cp.async ring, splits
 //   merged in-kernel; optionally with the q/k prologue folded in. Described at the kernel.
@@ -485,6 +486,12 @@ __global__ void __launch_bounds__(threads) attention_tiles_kernel(const Attentio
 // of 2/3 buffers and 16/64/256 keys.
 // Warps a block: 4 (mma_warps), or 8 with two chunk buffers each where a block walks a whole
 // short row (launch_warps): that halves each warp's serial chain of chunks over the same keys.
+// HeadWarps (batched decode, launch_head_warps): a block holds a row's 8 kv heads instead, warp w
+// streaming every chunk of kv head w's split alone (three buffers, one block an SM): a pair's
+// blocks of 4 warps each start with dependent metadata, block-table and first-copy round trips
+// and end with a block barrier and combine, which at 1024 short pairs (128 rows) leave the
+// kernel at ~2.4 TB/s (ncu, 2026-12-02); here each warp's ring streams a whole split, its row's
+// splits (attention_rows_split: enough to fill one wave) merged by the last warp to finish.
 constexpr int mma_warps = 4;
 constexpr int wide_warps = 8;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
@@ -507,7 +514,66 @@ constexpr int merge_bytes(int group, int splits, int block_threads) {
   return merge_floats(group, splits) * 4 + block_threads * 16;
 }
 
-template <int D, int Stages, bool Fused, int Warps>
+// The end of a HeadWarps warp (one kv head, one split): its state is the whole split's, so it
+// writes the output (one active split) or its partial (O, m, l in base-2 units, as the block
+// kernel's), and the last warp of the row's kv head to take a ticket merges the active splits in
+// split order. Lane l holds head l / 4's columns 8j + 2(l%4) + {0, 1} (rows 8-15 are padding).
+template <int D>
+__device__ __forceinline__ void head_warp_finish(const AttentionParams& p, const float (&o)[D / 8][4],
+                                                 float m, float l, int row, int kvh, int split,
+                                                 int active, int lane) {
+  using bf16 = __nv_bfloat16;
+  const int group = p.n_q_heads / p.n_kv_heads, g = lane >> 2, t4 = lane & 3;
+  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+  bf16* out = static_cast<bf16*>(p.out) + row * out_stride + static_cast<std::int64_t>(kvh) * group * D;
+  if (active == 1) {
+    if (g < group) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out + g * D + j * 8 + 2 * t4) =
+            __floats2bfloat162_rn(o[j][0] * inv, o[j][1] * inv);
+    }
+    return;
+  }
+  const std::int64_t first = static_cast<std::int64_t>(row) * p.n_q_heads + kvh * group;  // head
+  if (g < group) {
+    const std::int64_t part = (first + g) * p.num_splits + split;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(p.partial_out + part * D + j * 8 + 2 * t4) = make_float2(o[j][0], o[j][1]);
+    if (t4 == 0) *reinterpret_cast<float2*>(p.partial_ml + part * 2) = make_float2(m, l);
+  }
+  __threadfence();  // this warp's partial visible device-wide before its ticket says so
+  __syncwarp();
+  unsigned* ticket = p.tickets + static_cast<std::int64_t>(row) * p.n_kv_heads + kvh;
+  unsigned last = 0;
+  if (lane == 0) last = atomicAdd(ticket, 1u) == static_cast<unsigned>(active - 1);
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();
+  // Four columns a lane and step; each output's weights over the active splits (a few).
+  for (int idx = lane; idx < group * D / 4; idx += 32) {
+    const int h = idx / (D / 4), c = idx % (D / 4) * 4;
+    const float2* ml = reinterpret_cast<const float2*>(p.partial_ml) + (first + h) * p.num_splits;
+    float mx = -CUDART_INF_F;
+    for (int sp = 0; sp < active; ++sp) mx = fmaxf(mx, __ldcg(&ml[sp]).x);
+    float sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp = 0; sp < active; ++sp) {
+      const float2 v = __ldcg(&ml[sp]);
+      const float w = v.x == -CUDART_INF_F ? 0.0f : fast_exp2(v.x - mx);
+      const float4 part = __ldcg(reinterpret_cast<const float4*>(p.partial_out + ((first + h) * p.num_splits + sp) * D + c));
+      sum += w * v.y;
+      acc.x += w * part.x, acc.y += w * part.y, acc.z += w * part.z, acc.w += w * part.w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    *reinterpret_cast<__nv_bfloat162*>(out + h * D + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    *reinterpret_cast<__nv_bfloat162*>(out + h * D + c + 2) = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  }
+  if (lane == 0) *ticket = 0;  // ready for the next launch (graph replays too)
+}
+
+template <int D, int Stages, bool Fused, int Warps, bool HeadWarps = false>
 __global__ void __launch_bounds__(Warps * 32)
     attention_decode_mma_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
@@ -524,8 +590,11 @@ __global__ void __launch_bounds__(Warps * 32)
   // Before grid_dependency_wait (the kernel before this one, qk_transform_store, may still be
   // running): only what no kernel of this step writes, i.e. the batch metadata and the cached
   // keys before this step's rows.
-  const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  // HeadWarps (launch_head_warps): block (row, y, split), warp w takes kv head y * Warps + w and
+  // every chunk of the split alone; the warps share nothing (no block barrier).
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int row = blockIdx.x, kvh = HeadWarps ? blockIdx.y * Warps + warp : blockIdx.y, split = blockIdx.z;
+  if (HeadWarps && kvh >= p.n_kv_heads) return;
   const int group = p.n_q_heads / p.n_kv_heads;
   const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
   const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
@@ -533,13 +602,22 @@ __global__ void __launch_bounds__(Warps * 32)
   const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
   // Splits past this row's keys (a shorter row of the batch) have nothing to do: the merge
   // counts only the `active` ones; a row with one active split writes its output directly.
-  const int active = (n_keys + p.split_size - 1) / p.split_size;
+  // HeadWarps: the row's own keys in num_splits near-equal runs of whole chunks (split_size
+  // unused), so every split of a row holds about as many keys whatever the bucket.
+  const int split_size =
+      HeadWarps ? ((n_keys + p.num_splits - 1) / p.num_splits + chunk_keys - 1) / chunk_keys * chunk_keys
+                : p.split_size;
+  const int active = (n_keys + split_size - 1) / split_size;
   if (split >= active) return;
   const bool direct = active == 1;
-  const int k_begin = split * p.split_size;
-  const int k_end = min(n_keys, k_begin + p.split_size);
+  const int k_begin = split * split_size;
+  const int k_end = min(n_keys, k_begin + split_size);
   const int n_chunks = (k_end - k_begin + chunk_keys - 1) / chunk_keys;
-  const int my_chunks = n_chunks > warp ? (n_chunks - warp + Warps - 1) / Warps : 0;
+  // The split's chunks are dealt to the block's warps in turn (chunk c to warp c % Warps), or all
+  // to this warp (HeadWarps).
+  constexpr int chunk_warps = HeadWarps ? 1 : Warps;
+  const int first_chunk = HeadWarps ? 0 : warp;
+  const int my_chunks = n_chunks > first_chunk ? (n_chunks - first_chunk + chunk_warps - 1) / chunk_warps : 0;
   const int cached_end = p.context_lens[seq] - q_len;  // keys written before this step
 
   // Copies: lane key % 16 looks up the slot of key `lane % 16` of a chunk; copy n moves piece
@@ -551,7 +629,7 @@ __global__ void __launch_bounds__(Warps * 32)
   const int bs = p.block_size, shift = __ffs(bs) - 1;
   const bool pow2 = (bs & (bs - 1)) == 0;
   auto chunk_offset = [&](int i) -> long long {  // element offset of this lane's key; -1: none
-    const int key = k_begin + (warp + i * Warps) * chunk_keys + (lane & (chunk_keys - 1));
+    const int key = k_begin + (first_chunk + i * chunk_warps) * chunk_keys + (lane & (chunk_keys - 1));
     if (i >= my_chunks || key >= k_end) return -1;
     const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
     return ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
@@ -582,7 +660,7 @@ __global__ void __launch_bounds__(Warps * 32)
 #pragma unroll
     for (int j = 0; j < Stages - 1; ++j) {  // unrolled: first_offs stays in registers
       if (j != issued) continue;            // copied already, or an earlier chunk stopped here
-      const int start = k_begin + (warp + j * Warps) * chunk_keys;
+      const int start = k_begin + (first_chunk + j * chunk_warps) * chunk_keys;
       if (cached_only && j < my_chunks && min(start + chunk_keys, k_end) > cached_end) continue;
       copy_chunk(j, first_offs[j]);
       issued = j + 1;
@@ -597,16 +675,18 @@ __global__ void __launch_bounds__(Warps * 32)
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
   if constexpr (Fused) {
-    __shared__ __align__(16) bf16 s_qt[8][D];
+    // HeadWarps: each warp transforms its own kv head's q heads (and k, v when it writes).
+    __shared__ __align__(16) bf16 s_qt_all[HeadWarps ? Warps : 1][8][D];
     __shared__ float s_stage[Warps][D];
+    bf16(&s_qt)[8][D] = s_qt_all[HeadWarps ? warp : 0];
     const QkTransformParams& t = params.qk;
-    const bool writer = split == (n_keys - 1) / p.split_size;
+    const bool writer = split == (n_keys - 1) / split_size;
     prologue_copies(true);
     const float pos = static_cast<float>(t.positions[row]);  // batch metadata: before the wait
     const std::int64_t slot = t.slot_mapping[row];
     grid_dependency_wait();
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
-    for (int h = warp; h < group + (writer ? 2 : 0); h += Warps) {  // warp-uniform
+    for (int h = HeadWarps ? 0 : warp; h < group + (writer ? 2 : 0); h += chunk_warps) {  // warp-uniform
       if (h < group) {
         transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],
                              static_cast<const bf16*>(t.q_norm), pos, lane);
@@ -620,7 +700,12 @@ __global__ void __launch_bounds__(Warps * 32)
         for (int i = lane; i < D; i += 32) dst[i] = src[i];
       }
     }
-    __syncthreads();  // q in s_qt; the writer's k/v row visible to its own copies
+    if constexpr (HeadWarps) {
+      __threadfence_block();
+      __syncwarp();  // q in s_qt; the warp's k/v row visible to its own copies
+    } else {
+      __syncthreads();  // q in s_qt; the writer's k/v row visible to its own copies
+    }
     prologue_copies(false);
 #pragma unroll
     for (int k = 0; k < ksteps; ++k) {
@@ -665,7 +750,7 @@ __global__ void __launch_bounds__(Warps * 32)
       mma_bf16(s[0], a, b[0], b[1]);
       mma_bf16(s[1], a, b[2], b[3]);
     }
-    const int key0 = k_begin + (warp + i * Warps) * chunk_keys;
+    const int key0 = k_begin + (first_chunk + i * chunk_warps) * chunk_keys;
     if (key0 + chunk_keys > k_end) {  // the split's last chunk: mask its zero-filled tail
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -703,6 +788,10 @@ __global__ void __launch_bounds__(Warps * 32)
   copy_async_wait<0>();  // only empty groups can be left; nothing may land after the combine
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if constexpr (HeadWarps) {
+    head_warp_finish<D>(p, o, m, l, row, kvh, split, active, lane);
+    return;
+  }
 
   // The warps' states through shared memory (the rings are free once every warp is here).
   __syncthreads();
@@ -1040,10 +1129,10 @@ constexpr int mma_max_smem() {
   return std::max(DecodeLayout<D, Stages, Warps>::ring_bytes, merge_bytes(8, max_splits, Warps * 32));
 }
 
-template <int D, int Stages, bool Fused = false, int Warps = mma_warps>
+template <int D, int Stages, bool Fused = false, int Warps = mma_warps, bool HeadWarps = false>
 auto mma_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_mma_kernel<D, Stages, Fused, Warps>;
+    auto* k = attention_decode_mma_kernel<D, Stages, Fused, Warps, HeadWarps>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           mma_max_smem<D, Stages, Warps>()));
     return k;
@@ -1101,8 +1190,39 @@ int launch_warps(const AttentionParams& p) {
   return whole_rows ? wide_warps : mma_warps;
 }
 
+// Whether a launch takes the kernel's HeadWarps form (launch_head_warps) rather than one block
+// of 4 warps a (row, kv head) pair: by default where the pairs exceed one wave of those blocks at
+// two chunk buffers a warp (three an SM at head_dim 128: 50 rows and up at 8 kv heads on the
+// H200). Measured there (docs/benchmarks.md, "Batched decode attention: one kv head a warp"):
+// Qwen3-1.7B decode at 64 / 128 rows 2.16 / 2.77 -> 2.13 / 2.61 ms a step. Below that nothing was
+// measured, so the block kernel stays. XSERV_CUDA_ATTN_HEAD_WARPS (read at every call): 0 never,
+// 1 wherever the pairs exceed one block an SM (17 rows and up at 8 kv heads).
+bool head_warps_launch(std::int32_t head_dim, std::int64_t rows_x_kv_heads, int sm_count) {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_HEAD_WARPS");
+  if (env != nullptr && std::string_view(env) == "0") return false;
+  if (env != nullptr && std::string_view(env) == "1") return !one_wave_of_rows(rows_x_kv_heads, sm_count);
+  return rows_x_kv_heads > static_cast<std::int64_t>(mma_blocks_per_sm(head_dim, 2)) * sm_count;
+}
+
+// One kv head a warp (the kernel's HeadWarps form): blocks of wide_warps warps over a row's kv
+// heads and one split, each warp streaming every chunk of its head's split through its own ring
+// (two or three buffers: XSERV_CUDA_ATTN_STAGES=2 / default 3, one block an SM), no block barrier
+// and no combine of warps; a row's splits (attention_rows_split) are merged by its last warp.
+template <int D, int Stages, bool Fused>
+void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
+  const AttentionParams& p = qp.attn;
+  const dim3 grid(p.num_tokens, (p.n_kv_heads + wide_warps - 1) / wide_warps, p.num_splits);
+  launch_pdl(mma_kernel_configured<D, Stages, Fused, wide_warps, true>(), grid, dim3(wide_warps * 32),
+             static_cast<std::size_t>(DecodeLayout<D, Stages, wide_warps>::ring_bytes), stream, qp);
+}
+
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
+  if (head_warps_launch(D, static_cast<std::int64_t>(p.attn.num_tokens) * p.attn.n_kv_heads, device_sm_count())) {
+    if (mma_stages() == 2) launch_head_warps<D, 2, Fused>(stream, p);
+    else launch_head_warps<D, 3, Fused>(stream, p);
+    return;
+  }
   if (launch_warps(p.attn) == wide_warps) {
     if (mma_stages() == 3) launch_mma<D, 3, Fused, wide_warps>(stream, p);
     else launch_mma<D, 2, Fused, wide_warps>(stream, p);
@@ -1152,6 +1272,15 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
   const bool mma = use_mma();
   if (mma && mma_split_keys_forced() == 0 && short_context_decode(rows_x_kv_heads, context_bucket, sm_count))
     return {1, context_bucket};
+  if (mma && head_warps_launch(head_dim, rows_x_kv_heads, sm_count)) {
+    // One block an SM, a row's kv heads in each (8 a block): as many splits of every row as
+    // still fit one wave (each row's keys split evenly in the kernel; split_size unused), at
+    // least 64 keys a split.
+    const std::int64_t blocks = (rows_x_kv_heads + wide_warps - 1) / wide_warps;
+    const auto splits = static_cast<std::int32_t>(
+        std::clamp<std::int64_t>(sm_count / blocks, 1, std::max(1, context_bucket / 64)));
+    return {splits, (context_bucket + splits - 1) / splits};
+  }
   const std::int64_t wave =
       static_cast<std::int64_t>(mma ? mma_blocks_per_sm(head_dim, mma_stages() ? mma_stages() : 3)
                                     : tiles_blocks_per_sm(head_dim, group)) *

@@ -1085,6 +1085,57 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   }
 }
 
+// Batched decode (issue 10) on the bf16 mma kernel's one-kv-head-a-warp form against the CPU
+// backend, at the tolerance of the test above (run_attention_case): forced
+// (XSERV_CUDA_ATTN_HEAD_WARPS=1) through the two ops (exact_inputs) and through qk_attention with
+// the q/k prologue folded in (FUSE_QK=1), with 3 and 2 chunk buffers a warp; and the defaults
+// through both ops (the 64- and 128-row cases take the form, the 20-row ones the block kernel).
+// 128 rows of 120-209 keys
+// (one split), 64 rows of 1-299 keys (2 splits a row, merged by the last warp; rows of one chunk
+// leave the second split empty), 20 rows of 1-600 keys (6 splits); GQA 2 and 4 (Qwen3-1.7B, 8B),
+// 12 kv heads (two blocks a row, 4 warps of the second idle), head_dim 128 and 64, cache blocks
+// of 16 and 5 keys (a chunk straddles blocks).
+TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(23);
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  Seqs rows20, rows64, rows128;
+  for (std::int32_t i = 0; i < 20; ++i) rows20.emplace_back(1, 1 + (i * 97) % 600);
+  for (std::int32_t i = 0; i < 64; ++i) rows64.emplace_back(1, 1 + (i * 37) % 300);
+  for (std::int32_t i = 0; i < 128; ++i) rows128.emplace_back(1, 120 + (i * 29) % 90);
+  struct Case {
+    AttnCase attn;
+    std::int32_t block_size;
+  };
+  const Case cases[] = {{{{16, 8, 128}, true, true, rows128}, 16}, {{{32, 8, 128}, true, true, rows64}, 5},
+                        {{{16, 8, 128}, true, true, rows20}, 16},  {{{24, 12, 64}, true, true, rows20}, 5},
+                        {{{16, 8, 64}, true, true, rows64}, 16}};
+  struct Variant {
+    const char *head_warps, *fuse_qk, *stages;
+    bool one_op;
+  };
+  const Variant variants[] = {{"1", "0", nullptr, false},
+                              {"1", "1", nullptr, true},
+                              {"1", "1", "2", true},
+                              {nullptr, nullptr, nullptr, false},
+                              {nullptr, nullptr, nullptr, true}};
+  const auto shown = [](const char* v) { return v ? v : "unset"; };
+  for (const auto& v : variants) {
+    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", v.head_warps);  // all three read at every call
+    const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", v.fuse_qk);
+    const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", v.stages);
+    for (const auto& c : cases) {
+      INFO("XSERV_CUDA_ATTN_HEAD_WARPS=" << shown(v.head_warps) << " FUSE_QK=" << shown(v.fuse_qk)
+                                         << " STAGES=" << shown(v.stages) << (v.one_op ? " qk_attention" : " two ops")
+                                         << " heads " << c.attn.geom.n_q_heads << "/" << c.attn.geom.n_kv_heads
+                                         << " d " << c.attn.geom.head_dim << " rows " << c.attn.seqs.size()
+                                         << " block " << c.block_size);
+      run_attention_case(be, rng, DType::bf16, c.attn, c.block_size, v.one_op, !v.one_op);
+    }
+  }
+}
+
 TEST_CASE("cuda import_weight: chunked staging, f16 becomes bf16", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
