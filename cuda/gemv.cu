@@ -72,6 +72,16 @@ __device__ __forceinline__ void finish(OutT* o, float v, const float b, float be
   *o = from_f32<OutT>(v);
 }
 
+// finish with the bias and the previous output (beta != 0: the residual) read ahead
+// (OutInArgs::early_out): the same sum, without a dependent load between the reduction and the
+// store at the end of a decode GEMV's critical path.
+template <typename OutT>
+__device__ __forceinline__ void finish_read(OutT* o, float v, const float b, float beta, float prev) {
+  v += b;
+  if (beta != 0.0f) v += beta * prev;
+  *o = from_f32<OutT>(v);
+}
+
 template <typename T>
 struct OutInArgs {
   void* out;
@@ -87,6 +97,7 @@ struct OutInArgs {
   bool layer_norm = false;  // Norm: GPT-2's LayerNorm (mean removed, norm_b added) instead
   const T* norm_b = nullptr;  // LayerNorm bias [k] (may be null)
   bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
+  bool early_out = false;     // bulk kernel: bias and previous output read ahead (finish_read)
 };
 
 __device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
@@ -413,7 +424,19 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     for (int i = 0; i < min(items, bulk_stages); ++i) issue(i);
   }
   __syncwarp();
+  OutT* const out = static_cast<OutT*>(p.out);
+  // early_out: lane 0 reads its next row's bias and previous output ahead, so the loads overlap
+  // the row's products instead of following its reduction (the first row's right after the wait).
+  float bias_next = 0.0f, prev_next = 0.0f;
+  auto read_ahead = [&](int r) {
+    if (lane == 0 && p.early_out && r < my_rows) {
+      const int row = gw + r * total_warps;
+      bias_next = p.bias ? to_f32(p.bias[row]) : 0.0f;
+      prev_next = p.beta != 0.0f ? to_f32(out[row]) : 0.0f;
+    }
+  };
   grid_dependency_wait();
+  read_ahead(0);
   for (int i = threadIdx.x * 16; i < static_cast<int>(row_bytes); i += blockDim.x * 16)
     *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(s_act) + i) =
         *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p.a) + i);
@@ -440,8 +463,13 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     if (c == chunks - 1) {
       acc = warp_sum(acc);
       if (lane == 0) {
-        const int row = gw + (i / chunks) * total_warps;
-        finish(static_cast<OutT*>(p.out) + row, acc, p.bias ? to_f32(p.bias[row]) : 0.0f, p.beta);
+        const int r = i / chunks, row = gw + r * total_warps;
+        if (p.early_out) {
+          finish_read(out + row, acc, bias_next, p.beta, prev_next);
+          read_ahead(r + 1);
+        } else {
+          finish(out + row, acc, p.bias ? to_f32(p.bias[row]) : 0.0f, p.beta);
+        }
       }
       acc = 0.0f;
     }
@@ -473,7 +501,9 @@ bool bulk_usable() {
 }
 
 template <typename T, typename OutT>
-void launch_bulk(cudaStream_t stream, const OutInArgs<T>& p, int sm_count) {
+void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
+  OutInArgs<T> p = args;
+  p.early_out = gemv_tuning().early_out;
   const std::size_t smem = bulk_smem_bytes<T>(p.k);
   // As many blocks as fit beside each other (two an SM at the 96 KB ring when the activation row
   // is small), at most one row a warp.
@@ -635,15 +665,19 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
-// XSERV_CUDA_GEMV_WPR, _NORM_WPR and _OLD_SPLIT: see gemv_tuning() in kernels.hpp.
+// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT and _BULK_MAX_MB: see gemv_tuning()
+// in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
     return v ? std::atoi(v) : 0;
   };
-  const char* bulk = std::getenv("XSERV_CUDA_GEMV_BULK");
+  const auto on = [](const char* name) {  // default on; "0" turns it off
+    const char* v = std::getenv(name);
+    return v == nullptr || std::string_view(v) != "0";
+  };
   return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
-                    bulk == nullptr || std::string_view(bulk) != "0"};
+                    on("XSERV_CUDA_GEMV_BULK"), on("XSERV_CUDA_GEMV_EARLY_OUT"), get("XSERV_CUDA_GEMV_BULK_MAX_MB")};
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -709,7 +743,10 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
   } else {
     const OutInArgs<T> p{out, ldo, a, w, bias, beta, n, k, 1, nullptr, 0.0f};
     if constexpr (M == 1) {
-      if (gemv_tuning().bulk && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+      const GemvTuning& tune = gemv_tuning();
+      const bool small = tune.bulk_max_mb <= 0 ||
+                         std::int64_t{n} * k * static_cast<std::int64_t>(sizeof(T)) <= (std::int64_t{tune.bulk_max_mb} << 20);
+      if (tune.bulk && small && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
           bulk_usable<T, OutT>()) {
         launch_bulk<T, OutT>(stream, p, sm_count);
         return;

@@ -91,10 +91,19 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // bulk: plain one-row GEMVs with K up to max_bulk_k stream their weights through shared memory
 // with bulk copies (gemv_bulk_kernel in gemv.cu), measured faster on every Qwen3 size and GPT-2
 // (docs/benchmarks.md, "Decode GEMVs on bulk copies"); XSERV_CUDA_GEMV_BULK=0 turns it off.
+// early_out: the bulk GEMV reads its bias and previous output (the residual of beta = 1) right
+// after the dependency wait instead of after the reduction (gemv.cu, finish_read): measured +1.7%
+// on Qwen3-0.6B at batch 1 (docs/benchmarks.md, "Shorter decode critical paths");
+// XSERV_CUDA_GEMV_EARLY_OUT=0 turns it off. bulk_max_mb (opt-in, XSERV_CUDA_GEMV_BULK_MAX_MB=N):
+// only weights of at most N MB take the bulk kernel (0: any), the larger ones (lm_heads,
+// Qwen3-8B's down_proj) the register kernel, measured faster alone at those sizes
+// (docs/benchmarks.md, "Tried, not merged: norm GEMVs on bulk copies").
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
   bool old_split = false;
   bool bulk = true;
+  bool early_out = true;
+  int bulk_max_mb = 0;
 };
 constexpr int max_bulk_k = 16384;
 GemvTuning& gemv_tuning() noexcept;

@@ -464,7 +464,8 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   for (DType dt : kActs) {
     for (const auto& c : cases) {
       for (int wpr : {1, 2, 4, 8, 0}) {
-        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, wpr == 0};
+        // The bulk kernel (wpr 0) reads its outputs ahead (early_out, the default).
+        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, wpr == 0, true, 0};
         for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
