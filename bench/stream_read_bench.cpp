@@ -2,6 +2,7 @@
 // the number decode at batch 1 is held against (each token reads every weight once).
 //
 //   stream_read_bench [--threads N] [--mb SIZE] [--repeat R] [--prefetch MODE] [--nta-after MB]
+//                     [--flush-after MB] [--huge 1]
 //
 // N threads (default: every core in the affinity mask, so `taskset -c 0-7 stream_read_bench`
 // measures those 8 cores) each sum their own contiguous slice of one SIZE-MB buffer (default
@@ -19,7 +20,14 @@
 // prefetchnta 4 KB ahead and no L2 prefetch, which on Intel fills L1 only, so those lines should
 // not displace the first MB from L3 between passes. The passes then show whether a fixed part of
 // a buffer larger than L3 stays there (the median pass next to the best).
+// --flush-after MB: the same question another way: the first MB read as above, every line past
+// it evicted from the whole cache hierarchy (clflushopt) right after it was read, at the normal
+// prefetch's speed, so nothing past it competes with the first MB for L3.
+// --huge 1: the buffer on transparent huge pages (madvise(MADV_HUGEPAGE) on a 2 MB-aligned
+// mapping, as the CPU backend's allocator does with XSERV_CPU_HUGEPAGES=1); "huge pages: N MB"
+// says how much of the process's memory the kernel gave as huge pages (AnonHugePages).
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,7 +67,13 @@ bool parse_prefetch(const std::string& mode, Prefetch& p) {
 // prefetching in software as the GEMV kernels do: without any, one core of the GPU machine's
 // Xeon reads less than xserv's own decode, which is no ceiling. The L2 prefetch stops at the
 // slice's end, as the GEMV's stops at its tile's.
-float sum_slice(const float* p, std::size_t n, const Prefetch& pf, std::size_t nta_from) {
+__attribute__((target("clflushopt"))) void flush_lines(const float* p) {
+  __builtin_ia32_clflushopt(p);
+  __builtin_ia32_clflushopt(p + 16);
+}
+
+float sum_slice(const float* p, std::size_t n, const Prefetch& pf, std::size_t nta_from,
+                std::size_t flush_from) {
   v4 acc[8] = {};
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -78,6 +93,7 @@ float sum_slice(const float* p, std::size_t n, const Prefetch& pf, std::size_t n
       std::memcpy(&x, p + i + 4 * j, sizeof x);
       acc[j] += x;
     }
+    if (i >= flush_from) flush_lines(p + i);
   }
   float s = 0.0f;
   for (auto& a : acc) s += a[0] + a[1] + a[2] + a[3];
@@ -94,7 +110,8 @@ std::size_t cores_in_mask() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t threads = cores_in_mask(), mb = 1024, nta_after_mb = 0;
+  std::size_t threads = cores_in_mask(), mb = 1024, nta_after_mb = 0, flush_after_mb = 0;
+  bool huge = false;
   int repeat = 5;
   Prefetch prefetch;
   std::string prefetch_mode = "default (l1)";
@@ -108,6 +125,10 @@ int main(int argc, char** argv) {
       }
       continue;
     }
+    if (a == "--huge") {
+      huge = std::atol(argv[i + 1]) != 0;
+      continue;
+    }
     const long v = std::atol(argv[i + 1]);
     if (v <= 0) {
       std::fprintf(stderr, "stream_read_bench: %s needs a positive number\n", a.c_str());
@@ -117,16 +138,38 @@ int main(int argc, char** argv) {
     else if (a == "--mb") mb = static_cast<std::size_t>(v);
     else if (a == "--repeat") repeat = static_cast<int>(v);
     else if (a == "--nta-after") nta_after_mb = static_cast<std::size_t>(v);
+    else if (a == "--flush-after") flush_after_mb = static_cast<std::size_t>(v);
     else {
-      std::fprintf(stderr, "usage: stream_read_bench [--threads N] [--mb SIZE] [--repeat R] [--prefetch MODE] [--nta-after MB]\n");
+      std::fprintf(stderr, "usage: stream_read_bench [--threads N] [--mb SIZE] [--repeat R] [--prefetch MODE] [--nta-after MB] [--flush-after MB] [--huge 1]\n");
       return 1;
     }
   }
   const std::size_t n = mb * (1u << 20) / sizeof(float);
   const std::size_t nta_from =
       nta_after_mb ? nta_after_mb * (1u << 20) / sizeof(float) / threads : static_cast<std::size_t>(-1);
-  std::vector<float> buf(n);
-  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023) * 1e-3f;
+  const std::size_t flush_from =
+      flush_after_mb ? flush_after_mb * (1u << 20) / sizeof(float) / threads : static_cast<std::size_t>(-1);
+  // The buffer: its own mapping, on a 2 MB boundary (madvised with --huge).
+  constexpr std::size_t huge_page = std::size_t{2} << 20;
+  const std::size_t bytes = (n * sizeof(float) + 4095) / 4096 * 4096;
+  void* raw = mmap(nullptr, bytes + huge_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    std::fprintf(stderr, "stream_read_bench: cannot map %zu MB\n", mb);
+    return 1;
+  }
+  auto* buf_data = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(raw) + huge_page - 1) & ~(huge_page - 1));
+  if (huge) madvise(buf_data, bytes, MADV_HUGEPAGE);
+  struct View {
+    float* p;
+    float* data() const { return p; }
+  } buf{buf_data};
+  for (std::size_t i = 0; i < n; ++i) buf_data[i] = static_cast<float>(i & 1023) * 1e-3f;
+  std::size_t huge_kb = 0;
+  {
+    std::ifstream smaps("/proc/self/smaps_rollup");
+    for (std::string line; std::getline(smaps, line);)
+      if (line.rfind("AnonHugePages:", 0) == 0) huge_kb = std::strtoul(line.c_str() + 14, nullptr, 10);
+  }
 
   std::vector<float> sums(threads);
   std::barrier start(static_cast<std::ptrdiff_t>(threads) + 1), end(static_cast<std::ptrdiff_t>(threads) + 1);
@@ -138,7 +181,7 @@ int main(int argc, char** argv) {
       for (;;) {
         start.arrive_and_wait();
         if (quit) return;
-        sums[t] += sum_slice(buf.data() + b, e - b, prefetch, nta_from);
+        sums[t] += sum_slice(buf.data() + b, e - b, prefetch, nta_from, flush_from);
         end.arrive_and_wait();
       }
     });
@@ -157,9 +200,10 @@ int main(int argc, char** argv) {
   for (auto& t : pool) t.join();
   float check = 0.0f;
   for (float s : sums) check += s;
-  std::printf("stream read: %zu threads, %zu MB, prefetch %s, nta after %zu MB, best of %d: %.1f GB/s, "
-              "median %.1f (checksum %g)\n",
-              threads, mb, prefetch_mode.c_str(), nta_after_mb ? nta_after_mb : mb, repeat, best, median,
+  std::printf("stream read: %zu threads, %zu MB, prefetch %s, nta after %zu MB, flush after %zu MB, "
+              "huge pages: %zu MB, best of %d: %.1f GB/s, median %.1f (checksum %g)\n",
+              threads, mb, prefetch_mode.c_str(), nta_after_mb ? nta_after_mb : mb,
+              flush_after_mb ? flush_after_mb : mb, huge_kb / 1024, repeat, best, median,
               static_cast<double>(check));
   return 0;
 }

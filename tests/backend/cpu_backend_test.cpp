@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "backend/cpu/cpu_amx.hpp"
@@ -195,6 +196,83 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
               }
           }
         }
+}
+
+// The decode GEMV's L1 prefetch distance (GemmProblem::gemv_l1_ahead, XSERV_CPU_GEMV_L1_KB) and
+// narrow column ranges (XSERV_CPU_GEMV_GROUP_KB's 4-column groups) change which lines are
+// prefetched and which thread writes a column, never a column's sum: every kernel table, every
+// weight dtype, 1-8 rows; bit-identical to one call over all columns with the rule before.
+TEST_CASE("cpu GEMV: L1 prefetch distances and 4-column ranges give the same bits", "[cpu]") {
+  std::mt19937 rng(11);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 3072, 23}, {1, 300, 37}, {2, 768, 17}, {3, 129, 21}, {5, 1024, 9}, {8, 40, 13}};
+  std::vector<float> scratch_store(static_cast<std::size_t>(cpu::gemm_scratch_floats + 16));
+  float* scratch = reinterpret_cast<float*>(
+      (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
+  for (const auto* kt : cpu::supported_kernels())
+    for (const auto& c : cases)
+      for (DType wt : kWeightTypes) {
+        auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+        auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+        auto bias = random_floats(rng, static_cast<std::size_t>(c.n));
+        cpu::GemmProblem p;
+        p.a = a.data();
+        p.m = c.m;
+        p.k = c.k;
+        p.n = c.n;
+        p.w = w.tensor(Shape{c.n, c.k}).data;
+        p.w_dtype = wt;
+        p.layout = WeightLayout::out_in;
+        p.bias = bias.data();
+        p.ldo = c.n;
+        p.gemv_prefetch_l2 = 32 * 1024;
+        std::vector<float> want(static_cast<std::size_t>(c.m * c.n), NAN);
+        p.out = want.data();
+        kt->gemm_tile(p, 0, c.m, 0, c.n, scratch);
+        for (const std::int64_t ahead : {std::int64_t{64}, std::int64_t{1000}, std::int64_t{12 * 1024},
+                                         std::int64_t{1} << 20})
+          for (const std::int64_t piece : {std::int64_t{4}, c.n}) {
+            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
+                         << " l1 ahead=" << ahead << " piece=" << piece);
+            std::vector<float> got(want.size(), NAN);
+            p.out = got.data();
+            p.gemv_l1_ahead = ahead;
+            for (std::int64_t n0 = 0; n0 < c.n; n0 += piece)
+              kt->gemm_tile(p, 0, c.m, n0, std::min(c.n, n0 + piece), scratch);
+            REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+          }
+      }
+}
+
+TEST_CASE("cpu GEMV column groups: 16 columns, or narrower by 4 within XSERV_CPU_GEMV_GROUP_KB", "[cpu]") {
+  REQUIRE(cpu::gemv_group_cols(3072 * 4, 0) == 16);          // unset: 16 always
+  REQUIRE(cpu::gemv_group_cols(3072 * 4, 64 * 1024) == 4);   // GPT-2's f32 down: 48 KB groups
+  REQUIRE(cpu::gemv_group_cols(768 * 4, 64 * 1024) == 16);   // 48 KB already
+  REQUIRE(cpu::gemv_group_cols(1024 * 2 * 3, 64 * 1024) == 8);
+  REQUIRE(cpu::gemv_group_cols(1 << 20, 64 * 1024) == 4);    // never under 4
+}
+
+// CpuBackend::allocator (XSERV_CPU_HUGEPAGES, default on): from 2 MB up an allocation is its own
+// mapping on a 2 MB boundary, advised for transparent huge pages; smaller ones 64-byte aligned.
+TEST_CASE("cpu backend allocator: large blocks on 2 MB boundaries, every byte usable", "[cpu]") {
+  CpuBackend be(BackendOptions{1, 0});
+  Allocator& alloc = be.allocator();
+  for (const std::size_t bytes : {std::size_t{100}, std::size_t{(1u << 20) + 3}, std::size_t{2u << 20},
+                                  std::size_t{(3u << 20) + 5}, std::size_t{9u << 20}}) {
+    INFO("bytes " << bytes);
+    Buffer b(alloc, bytes);
+    const auto at = reinterpret_cast<std::uintptr_t>(b.data());
+    REQUIRE(at % 64 == 0);
+    const char* env = std::getenv("XSERV_CPU_HUGEPAGES");
+    if (bytes >= (2u << 20) && !(env && std::string_view(env) == "0")) REQUIRE(at % (2u << 20) == 0);
+    auto* p = static_cast<unsigned char*>(b.data());
+    for (std::size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < bytes; ++i) bad += p[i] != static_cast<unsigned char>(i * 7);
+    REQUIRE(bad == 0);
+  }
 }
 
 TEST_CASE("cpu layer_norm_gemm with the GELU fused equals the three ops one by one", "[cpu]") {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string_view>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend/cpu/cpu_amx.hpp"
@@ -110,7 +111,67 @@ std::string CpuBackend::name() const {
                                  : "");
 }
 
-Allocator& CpuBackend::allocator() noexcept { return cpu_allocator(); }
+namespace {
+
+// XSERV_CPU_HUGEPAGES (read once): 1, the default, asks for transparent huge pages on large host
+// allocations (hugepage_allocator below); 0, plain 64-byte aligned memory (cpu_allocator), as
+// before 2026-12-03.
+bool hugepages_wanted() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_HUGEPAGES");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
+// Host memory for the CPU backend's weights copies (dummy weights, GPT-2's transposed Conv1D
+// weights), KV cache and workspace. Allocations of at least 2 MB are their own anonymous mapping
+// starting on a 2 MB boundary, with madvise(MADV_HUGEPAGE): where transparent huge pages are
+// `madvise` (the GPU machine's Xeon, this dev machine) each whole 2 MB of it is one TLB entry
+// instead of 512. A decode reads every weight once per token, so with 4 KB pages it walked the
+// page tables every 4 KB of the stream (~120k walks a token for GPT-2 124M f32; in a VM each
+// walk is two-dimensional). The mapping is sized to the allocation rounded to 4 KB (the tail
+// past the last 2 MB boundary stays 4 KB pages), so no memory is added. Smaller allocations go
+// to cpu_allocator. Mapped pages are zero; nothing relies on that.
+class HugePageAllocator final : public Allocator {
+ public:
+  static constexpr std::size_t huge = std::size_t{2} << 20;
+  Device device() const noexcept override { return {DeviceKind::cpu, 0}; }
+  void* allocate(std::size_t bytes) override {
+    if (bytes < huge) return cpu_allocator().allocate(bytes);
+    const std::size_t size = mapped_size(bytes);
+    // Map 2 MB more, then unmap the head before the first 2 MB boundary and the tail after.
+    void* raw = mmap(nullptr, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+      throw_error(ErrorCode::out_of_memory, "cannot map {} bytes of host memory", bytes);
+    const auto at = reinterpret_cast<std::uintptr_t>(raw);
+    const std::uintptr_t start = (at + huge - 1) & ~(std::uintptr_t{huge} - 1);
+    if (start > at) munmap(raw, start - at);
+    const std::size_t tail = (at + size + huge) - (start + size);
+    if (tail) munmap(reinterpret_cast<void*>(start + size), tail);
+    void* p = reinterpret_cast<void*>(start);
+    madvise(p, size, MADV_HUGEPAGE);  // advice: where THP is off it changes nothing
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    if (p == nullptr) return;
+    if (bytes < huge) return cpu_allocator().deallocate(p, bytes);
+    munmap(p, mapped_size(bytes));
+  }
+
+ private:
+  static std::size_t mapped_size(std::size_t bytes) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096);
+    return (bytes + page - 1) / page * page;
+  }
+};
+
+}  // namespace
+
+Allocator& CpuBackend::allocator() noexcept {
+  static HugePageAllocator huge;
+  return hugepages_wanted() ? static_cast<Allocator&>(huge) : cpu_allocator();
+}
 
 Tensor CpuBackend::import_weight(const Tensor& host) {
   XSERV_CHECK(host.device.kind == DeviceKind::cpu, ErrorCode::invalid_argument,

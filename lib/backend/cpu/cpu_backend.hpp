@@ -129,6 +129,11 @@ struct GemmSplit {
 };
 GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
 
+// Output columns per piece of work of a decode GEMV over out_in weights of row_bytes per column:
+// 16, or with max_group_bytes > 0 (XSERV_CPU_GEMV_GROUP_KB) the largest multiple of 4 whose
+// weights fit in it, at least 4 (cpu_gemm.cpp). in_out weights always take 16.
+std::int64_t gemv_group_cols(std::int64_t row_bytes, std::int64_t max_group_bytes);
+
 // How a decode GEMV prefetches its weights (GemmProblem::gemv_prefetch_l1 / _l2).
 struct GemvPrefetch {
   bool l1 = true;

@@ -123,6 +123,16 @@ std::int64_t gemm_kc() {
   }, 16);
 }
 
+// XSERV_CPU_GEMV_L1_KB=N (read once; unset or 0: the next C rows, the rule before): how far
+// ahead in its stream an out_in GEMV prefetches into L1 (GemmProblem::gemv_l1_ahead).
+std::int64_t gemv_l1_ahead() {
+  static const std::int64_t bytes = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMV_L1_KB");
+    return v ? 1024 * std::max<std::int64_t>(0, std::atoll(v)) : std::int64_t{0};
+  }();
+  return bytes;
+}
+
 // Checks one GEMM's arguments (as gemm() documents them) and describes it; bias_f32 keeps a
 // converted bias alive.
 GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
@@ -173,6 +183,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   const GemvPrefetch gp = gemv_prefetch();
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;
+  p.gemv_l1_ahead = gemv_l1_ahead();
   return p;
 }
 
@@ -190,6 +201,18 @@ bool gemv_guided() {
   return on;
 }
 
+// XSERV_CPU_GEMV_GROUP_KB=N (read once; unset or 0: 16 columns always): an out_in GEMV's
+// column groups narrowed, 4 columns at a time down to 4, until one holds at most N KB of
+// weights. A 16-column group of GPT-2's f32 mlp down projection (K = 3072) is 192 KB, so its
+// loop's last pieces are 192 KB read by one core while the others wait.
+std::int64_t gemv_group_bytes() {
+  static const std::int64_t bytes = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMV_GROUP_KB");
+    return v ? 1024 * std::max<std::int64_t>(0, std::atoll(v)) : std::int64_t{0};
+  }();
+  return bytes;
+}
+
 // GEMVs (M <= gemv_max_rows) of several problems in one parallel loop over their output
 // columns in 16-column groups (cache lines of f32 output), so each chunk streams contiguous
 // slices of out_in weights; chunks hold at least min_parallel_bytes() of weights: a small
@@ -204,12 +227,14 @@ bool gemv_guided() {
 // Qwen3-0.6B's q/k/v, 9.7 MB of its lm_head) read at one core's ~10 GB/s while the other seven
 // wait. Guided pieces end the loop on 64 KB ones.
 void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProblem> ps) {
-  std::int64_t first_group[max_gemv_parts + 1] = {};
+  std::int64_t first_group[max_gemv_parts + 1] = {}, cols[max_gemv_parts] = {};
   std::int64_t group_bytes = 1;
+  const std::int64_t max_group = gemv_group_bytes();
   for (std::size_t i = 0; i < ps.size(); ++i) {
-    first_group[i + 1] = first_group[i] + (ps[i].n + 15) / 16;
-    group_bytes = std::max<std::int64_t>(
-        group_bytes, static_cast<std::int64_t>(16 * ps[i].k * dtype_size(ps[i].w_dtype)));
+    const auto row_bytes = static_cast<std::int64_t>(ps[i].k * dtype_size(ps[i].w_dtype));
+    cols[i] = ps[i].layout == WeightLayout::out_in ? gemv_group_cols(row_bytes, max_group) : 16;
+    first_group[i + 1] = first_group[i] + (ps[i].n + cols[i] - 1) / cols[i];
+    group_bytes = std::max<std::int64_t>(group_bytes, cols[i] * row_bytes);
   }
   const std::int64_t groups = first_group[ps.size()];
   const auto grain = std::max<std::int64_t>(1, min_parallel_bytes() / group_bytes);
@@ -219,8 +244,8 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
       const std::int64_t g1 = std::min(e, first_group[i + 1]);
       if (g0 >= g1) continue;
       const GemmProblem& p = ps[i];
-      kt.gemm_tile(p, 0, p.m, (g0 - first_group[i]) * 16,
-                   std::min(p.n, (g1 - first_group[i]) * 16), gemm_scratch());
+      kt.gemm_tile(p, 0, p.m, (g0 - first_group[i]) * cols[i],
+                   std::min(p.n, (g1 - first_group[i]) * cols[i]), gemm_scratch());
     }
   };
   const std::int64_t slots = std::min(static_cast<std::int64_t>(pool.size()), groups / grain);
@@ -273,6 +298,13 @@ GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
     }
   }
   return best;
+}
+
+std::int64_t gemv_group_cols(std::int64_t row_bytes, std::int64_t max_group_bytes) {
+  std::int64_t cols = 16;
+  if (max_group_bytes > 0)
+    while (cols > 4 && cols * row_bytes > max_group_bytes) cols -= 4;
+  return cols;
 }
 
 GemvPrefetch parse_gemv_prefetch(const char* value, GemvPrefetch fallback) {

@@ -44,6 +44,10 @@ struct GemmProblem {
   // bytes ahead of the streaming position into L2 (prefetcht1), never past the tile's own weights.
   bool gemv_prefetch_l1 = true;
   std::int64_t gemv_prefetch_l2 = 0;
+  // How far ahead in the out_in GEMV's stream (bytes, as the C interleaved rows are read) the L1
+  // prefetch runs; 0: the same place in the next C rows (C * K weights ahead: 48 KB for GPT-2's
+  // f32 mlp down projection, more than the L1 holds). XSERV_CPU_GEMV_L1_KB (cpu_gemm.cpp).
+  std::int64_t gemv_l1_ahead = 0;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
