@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 16, thirteenth session, round 1 (h/cpu): what holds GPT-2 f32 decode at 8 threads on the
 # GPU machine's Xeon below 219 tok/s. One CPU-only build; every row interleaved with main's rules.
-#   - XSERV_CPU_HUGEPAGES (this build's default 1; 0 = main): host allocations of 2 MB and up on
-#     transparent huge pages (CpuBackend::allocator);
+#   - XSERV_CPU_HUGEPAGES (the round's build had default 1, so its "base" rows are huge pages on
+#     and "main" sets 0; the default is 0 since, so rerunning it as is compares main with main:
+#     put XSERV_CPU_HUGEPAGES=1 in the variants): host allocations of 2 MB and up on transparent
+#     huge pages (CpuBackend::allocator);
 #   - XSERV_CPU_GEMV_GROUP_KB=64: out_in GEMV column groups narrowed to <= 64 KB of weights
 #     (GPT-2's f32 down projection: 4 columns, 48 KB, instead of 16 columns, 192 KB);
 #   - XSERV_CPU_GEMV_L1_KB=12: the GEMV's L1 prefetch 12 KB ahead in its stream instead of the

@@ -113,13 +113,14 @@ std::string CpuBackend::name() const {
 
 namespace {
 
-// XSERV_CPU_HUGEPAGES (read once): 1, the default, asks for transparent huge pages on large host
-// allocations (hugepage_allocator below); 0, plain 64-byte aligned memory (cpu_allocator), as
-// before 2026-12-03.
+// XSERV_CPU_HUGEPAGES (read once): unset or 0, the default, plain 64-byte aligned memory
+// (cpu_allocator); 1 asks for transparent huge pages on large host allocations (HugePageAllocator
+// below). Opt-in: on the GPU machine's Xeon (2026-12-03) it did not win (Qwen3-0.6B decode at 8
+// threads -9%, the 16-thread streaming read slower; docs/benchmarks.md, issue 16).
 bool hugepages_wanted() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_HUGEPAGES");
-    return !(v && std::string_view(v) == "0");
+    return v && std::string_view(v) == "1";
   }();
   return on;
 }
@@ -168,9 +169,13 @@ class HugePageAllocator final : public Allocator {
 
 }  // namespace
 
-Allocator& CpuBackend::allocator() noexcept {
+Allocator& hugepage_allocator() noexcept {
   static HugePageAllocator huge;
-  return hugepages_wanted() ? static_cast<Allocator&>(huge) : cpu_allocator();
+  return huge;
+}
+
+Allocator& CpuBackend::allocator() noexcept {
+  return hugepages_wanted() ? hugepage_allocator() : cpu_allocator();
 }
 
 Tensor CpuBackend::import_weight(const Tensor& host) {

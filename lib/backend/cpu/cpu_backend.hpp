@@ -129,6 +129,11 @@ struct GemmSplit {
 };
 GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
 
+// The allocator CpuBackend::allocator returns with XSERV_CPU_HUGEPAGES=1 (opt-in): from 2 MB up
+// an allocation is its own anonymous mapping on a 2 MB boundary, advised MADV_HUGEPAGE; smaller
+// ones come from cpu_allocator (cpu_backend.cpp). Named here so tests cover it whatever the switch.
+Allocator& hugepage_allocator() noexcept;
+
 // Output columns per piece of work of a decode GEMV over out_in weights of row_bytes per column:
 // 16, or with max_group_bytes > 0 (XSERV_CPU_GEMV_GROUP_KB) the largest multiple of 4 whose
 // weights fit in it, at least 4 (cpu_gemm.cpp). in_out weights always take 16.
