@@ -75,6 +75,7 @@ const Variant variants[] = {
     {"bulk_wide", [](GemvTuning& t) { t.bulk_wide = true; }},
     {"norm_occ", [](GemvTuning& t) { t.norm_occ = 3; }},
     {"evict_first", [](GemvTuning& t) { t.evict_first = true; }},
+    {"norm_persist", [](GemvTuning& t) { t.norm_persist = true; }},
 };
 
 // Microseconds per pure streaming read of `bytes` (launch_read_probe, `blocks` blocks), cycling

@@ -376,6 +376,114 @@ __global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const Out
   }
 }
 
+// The one-row norm GEMV with persistent blocks (GemvTuning::norm_persist): as many blocks as fit
+// the SMs at once; each normalises the row once (the prologue of gemv_out_in_kernel) and then walks
+// the column groups blockIdx.x, + gridDim.x, ... (a group: the 8 / wpr columns one block of
+// gemv_out_in_kernel takes). A warp issues the first loads of its next group before the reduction
+// and the store of the current one, so neither a block's launch, its prologue nor its epilogue
+// leaves the SM without loads in flight. Per column the same loads, sums and roundings as
+// gemv_out_in_kernel<T, 1, OutT, true, Swiglu>: the results are equal bit for bit. Registers
+// capped for 5 blocks an SM without SwiGLU, 4 with it (one more than gemv_out_in_kernel's 78).
+template <typename T, typename OutT, bool Swiglu>
+__global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_kernel(const OutInArgs<T> p) {
+  constexpr int V = vec_of<T>;
+  constexpr int R = Swiglu ? 2 : 1;
+  constexpr int U = 4;
+  extern __shared__ uint4 s_dyn[];  // the normalised row [k]
+  __shared__ float red[warps][R];
+  __shared__ float s_sum[warps][1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cols_per_group = warps / p.wpr, part = warp % p.wpr;
+  const int groups = (p.n + cols_per_group - 1) / cols_per_group;
+  const int k = p.k;
+  const int step = p.wpr * 32 * V;
+  const int k0 = (part * 32 + lane) * V;
+  const auto row = [&](int col, int r) {
+    return p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
+  };
+  uint4 cur[R][U];
+  const auto first_batch = [&](int g) {
+    const int col = g * cols_per_group + warp / p.wpr;
+    const bool active = g < groups && col < p.n;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        cur[r][u] = active && k0 + u * step < k ? load_stream(row(col, r) + k0 + u * step) : make_uint4(0, 0, 0, 0);
+  };
+  int g = blockIdx.x;
+  first_batch(g);  // the weights do not depend on the previous kernel
+  grid_dependency_wait();
+  T* s_act = reinterpret_cast<T*>(s_dyn);
+  if (p.layer_norm) layer_norm_prologue<T, 1>(s_act, p, s_sum);
+  else rms_norm_prologue<T, 1>(s_act, p, s_sum);
+  __syncthreads();
+  const T* act = s_act;
+
+  for (; g < groups; g += gridDim.x) {
+    const int col = g * cols_per_group + warp / p.wpr;
+    const bool active = col < p.n;
+    const T* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = row(col, r);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    if (active) {
+      for (int kb = k0; kb < k; kb += U * step) {
+        if (kb != k0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+              if (kb + u * step < k) cur[r][u] = load_stream(wr[r] + kb + u * step);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int kk = kb + u * step;
+          if (kk >= k) break;
+          float wf[R][V], af[V];
+#pragma unroll
+          for (int r = 0; r < R; ++r) unpack<T>(cur[r][u], wf[r]);
+          unpack<T>(*reinterpret_cast<const uint4*>(act + kk), af);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[r] += wf[r][i] * af[i];
+        }
+      }
+    }
+    first_batch(g + gridDim.x);  // the next group's first loads go out before this one's reduction
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (p.wpr > 1) {
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+      __syncthreads();
+      if (part == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float s = 0.0f;
+          for (int q = 0; q < p.wpr; ++q) s += red[warp + q][r];  // fixed order, as gemv_out_in_kernel
+          acc[r] = s;
+        }
+    }
+    if (lane == 0 && part == 0 && active) {
+      OutT* out = static_cast<OutT*>(p.out);
+      if constexpr (Swiglu) {
+        const float gt = to_f32(from_f32<T>(acc[0])), u = to_f32(from_f32<T>(acc[1]));
+        const float sl = to_f32(from_f32<T>(gt / (1.0f + expf(-gt))));
+        out[col] = from_f32<OutT>(sl * u);
+      } else {
+        const float b = p.bias ? to_f32(p.bias[col]) : 0.0f;
+        finish_gelu(out + col, acc[0], b, p.beta, p.gelu);
+      }
+    }
+    if (p.wpr > 1) __syncthreads();  // red is rewritten by the next group
+  }
+}
+
 // ---- One-row GEMV on bulk copies (XSERV_CUDA_GEMV_BULK=0 turns it off) -------------------------
 // The register kernel above keeps U x 16 bytes a lane in flight, so a weight of a few tens of MB
 // is streamed in a few dependent round trips per warp, each paying the full DRAM latency, and
@@ -728,8 +836,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
-// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC
-// and _EVICT_FIRST: see gemv_tuning()
+// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
+// _EVICT_FIRST and _NORM_PERSIST: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -745,6 +853,7 @@ GemvTuning tuning_from_env() noexcept {
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
+  t.norm_persist = get("XSERV_CUDA_GEMV_NORM_PERSIST") == 1;
   return t;
 }
 
@@ -792,6 +901,19 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
   const bool pdl = gemv_pdl(weight_bytes);
   const dim3 block(warps * 32);
+  if constexpr (M == 1 && Norm) {
+    if (tune.norm_persist) {
+      // As many blocks as fit an SM (registers and the normalised row), at most one a group.
+      int per_sm = 1;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,
+                                                        warps * 32, smem) != cudaSuccess || per_sm < 1) {
+        (void)cudaGetLastError();
+        per_sm = 1;
+      }
+      const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
+      return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
+    }
+  }
   if constexpr (M == 1) {
     // norm_occ (bit 1: without SwiGLU, bit 2: with it): registers capped so that 6 (q|k|v: one
     // wave for Qwen3-8B's 768 blocks instead of 1.16 at five) or 4 (gate|up) blocks fit an SM.

@@ -109,10 +109,14 @@ struct GemvTuning {
   // copy (Qwen3-8B's down_proj) from global memory, so two blocks fit; norm_occ
   // (XSERV_CUDA_GEMV_NORM_OCC, bits): the one-row norm GEMV's registers capped for 6 blocks an SM
   // without SwiGLU (1) and 4 with it (2); evict_first (XSERV_CUDA_GEMV_EVICT_FIRST=1): the
-  // one-row GEMVs read their weights under an L2 evict-first policy.
+  // one-row GEMVs read their weights under an L2 evict-first policy; norm_persist
+  // (XSERV_CUDA_GEMV_NORM_PERSIST=1, takes precedence over norm_occ): the one-row norm GEMVs with
+  // one wave of persistent blocks, the prologue once a block and the next column group's first
+  // loads issued before the current one's reduction.
   bool bulk_wide = false;
   int norm_occ = 0;
   bool evict_first = false;
+  bool norm_persist = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

@@ -452,29 +452,32 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   // the defaults, where plain products take gemv_bulk_kernel (rows of one 4 KB chunk, of several
   // with a 16-byte tail, many rows a warp when n passes the grid's warps). wpr -1: the opt-in
   // forms of 2026-12-03 (bulk_wide: k = 16384 reads its activation from global memory; norm_occ:
-  // the register-capped norm GEMVs; evict_first: the L2 policy on the weight loads), which must
-  // also equal the defaults bit for bit (the same loads and sums in the same order).
+  // the register-capped norm GEMVs; evict_first: the L2 policy on the weight loads) and wpr -2
+  // the persistent norm GEMV (norm_persist; n = 12000 walks several column groups a block), which
+  // must also equal the defaults bit for bit (the same loads and sums in the same order).
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(33);
   struct Case {
     std::int64_t k, n;
   };
-  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64}, {512, 300}, {64, 24}, {2056, 40}, {1024, 5000}, {16384, 16}};
+  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64},   {512, 300},  {64, 24},
+                        {2056, 40}, {1024, 5000}, {16384, 16}, {1024, 12000}};
   struct Reset {
     ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
   } reset;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int wpr : {1, 2, 4, 8, 0, -1}) {
+      for (int wpr : {1, 2, 4, 8, 0, -1, -2}) {
         // The bulk kernel (wpr 0) reads its outputs ahead (early_out, the default).
         const auto tuning = [](int split) {
           cuda::GemvTuning t{std::max(split, 0), std::max(split, 0), false, split <= 0, true, 0};
-          if (split < 0) {
+          if (split == -1) {
             t.bulk_wide = true;
             t.norm_occ = 3;
             t.evict_first = true;
           }
+          t.norm_persist = split == -2;
           return t;
         };
         cuda::gemv_tuning() = tuning(wpr);
