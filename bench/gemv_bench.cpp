@@ -5,8 +5,11 @@
 // over copies of the weight that together exceed the L2 cache, so every launch streams its
 // weight from DRAM as in a real step. Prints one line per shape and launch shape:
 //   shape  MB  wpr  us  TB/s
-// ("wpr 0" is the default the backend picks, "wpr -1" the rule before 2026-12-01). Usage: gemv_bench [--quick]
-// (--quick: the defaults only). Speed is printed, never asserted.
+// ("wpr 0" is the default the backend picks, "wpr -1" the rule before 2026-12-01; named rows are
+// GemvTuning variants, and "read xN" a pure streaming read of the same bytes by N blocks an SM,
+// the ceiling). Usage: gemv_bench [--quick | --variants] (--quick: the defaults only;
+// --variants: the defaults, the variants and the read ceiling, no split sweep). Speed is
+// printed, never asserted.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,8 +65,31 @@ double time_shape(cudaStream_t stream, const Shape& s, const std::vector<void*>&
 
 }  // namespace
 
+// The GemvTuning variants measured next to the default (issue 12, 2026-12-03): name and setter.
+struct Variant {
+  const char* name;
+  void (*set)(GemvTuning&);
+};
+const Variant variants[] = {
+    {"bulk<=40MB", [](GemvTuning& t) { t.bulk_max_mb = 40; }},
+    {"bulk_wide", [](GemvTuning& t) { t.bulk_wide = true; }},
+    {"norm_occ", [](GemvTuning& t) { t.norm_occ = 3; }},
+    {"evict_first", [](GemvTuning& t) { t.evict_first = true; }},
+    {"norm_persist", [](GemvTuning& t) { t.norm_persist = true; }},
+};
+
+// Microseconds per pure streaming read of `bytes` (launch_read_probe, `blocks` blocks), cycling
+// over the same copies.
+double time_read(cudaStream_t stream, std::size_t bytes, const std::vector<void*>& weights, unsigned* sink, int blocks) {
+  return graph_us_per_launch(stream, launches, [&] {
+    for (int i = 0; i < launches; ++i)
+      launch_read_probe(stream, weights[static_cast<std::size_t>(i) % weights.size()], bytes, sink, blocks);
+  });
+}
+
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool with_variants = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   check(cudaSetDevice(0), "device");
   int sm_count = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "attribute");
@@ -89,7 +115,9 @@ int main(int argc, char** argv) {
       {"gpt2 lm_head f32", Kind::plain, 50257, 768, DType::f32, DType::f32},
   };
   std::vector<int> configs = {-1, 0};  // -1: the split rule before 2026-12-01 (old_split)
-  if (!quick) configs.insert(configs.end(), {1, 2, 4, 8});
+  if (!quick && !with_variants) configs.insert(configs.end(), {1, 2, 4, 8});
+  unsigned* sink = nullptr;
+  check(cudaMalloc(&sink, sizeof(unsigned)), "malloc");
   std::printf("| shape | MB | wpr | us | TB/s |\n| --- | ---: | ---: | ---: | ---: |\n");
   for (const Shape& s : shapes) {
     const std::int64_t rows = s.kind == Kind::swiglu ? 2 * s.n : s.n;
@@ -124,6 +152,21 @@ int main(int argc, char** argv) {
         best_wpr = wpr;
       }
     }
+    if (with_variants) {
+      for (const Variant& v : variants) {
+        GemvTuning& t = gemv_tuning();
+        t = GemvTuning{};
+        v.set(t);
+        const double us = time_shape(stream, s, weights, x, norm_w, out, sm_count);
+        std::printf("| %s | %.1f | %s | %.2f | %.2f |\n", s.name, static_cast<double>(bytes) / 1e6, v.name, us,
+                    static_cast<double>(bytes) / us / 1e6);
+      }
+      for (int per_sm : {2, 4, 8}) {
+        const double us = time_read(stream, bytes, weights, sink, per_sm * sm_count);
+        std::printf("| %s | %.1f | read x%d | %.2f | %.2f |\n", s.name, static_cast<double>(bytes) / 1e6, per_sm, us,
+                    static_cast<double>(bytes) / us / 1e6);
+      }
+    }
     std::printf("best %s: wpr %d, %.2f us\n", s.name, best_wpr, best);
     gemv_tuning() = GemvTuning{};
     for (auto* w : weights) (void)cudaFree(w);
@@ -131,6 +174,7 @@ int main(int argc, char** argv) {
     (void)cudaFree(norm_w);
     (void)cudaFree(out);
   }
+  (void)cudaFree(sink);
   check(cudaGetLastError(), "launches");
   return 0;
 }

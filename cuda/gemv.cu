@@ -98,7 +98,32 @@ struct OutInArgs {
   const T* norm_b = nullptr;  // LayerNorm bias [k] (may be null)
   bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
   bool early_out = false;     // bulk kernel: bias and previous output read ahead (finish_read)
+  bool evict_first = false;   // bulk kernel: weights read with an L2 evict-first policy (GemvTuning::evict_first)
 };
+
+// GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
+// over many times, so their lines go first, and the activations, the residual stream and the
+// KV cache written between two GEMVs stay. An L2 policy for the whole access (fraction 1.0).
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+  return pol;
+}
+
+// load_stream (common.cuh) with an L2 cache policy.
+__device__ __forceinline__ uint4 load_stream_policy(const void* p, std::uint64_t pol) {
+  uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+#else
+  v = load_stream(p);
+#endif
+  return v;
+}
 
 __device__ __forceinline__ float gelu_tanh(float v) {  // as activation.cu's gelu kernel
   const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
@@ -230,8 +255,10 @@ __device__ void layer_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_s
 //   writes silu(y_j) * y_{N+j} with the swiglu kernel's roundings (y rounded to T, silu rounded).
 // Launched through launch_pdl: the first weight loads are issued before grid_dependency_wait(),
 // so with XSERV_CUDA_PDL=1 they overlap the previous kernel's tail.
-template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
-__global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs<T> p) {
+// MinB > 1 (GemvTuning::norm_occ): the registers capped so that MinB blocks fit an SM.
+// Hint (GemvTuning::evict_first, one row only): the weights read under an L2 evict-first policy.
+template <typename T, int M, typename OutT, bool Norm, bool Swiglu, int MinB = 0, bool Hint = false>
+__global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;  // weight rows per output column
   // Loads per lane per batch. 8 or 16 measured slower at every Qwen3 decode shape but one
@@ -251,13 +278,20 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
 
+  [[maybe_unused]] std::uint64_t pol = 0;
+  if constexpr (Hint) pol = evict_first_policy();
+  auto load_w = [&](const T* q) {
+    if constexpr (Hint) return load_stream_policy(q, pol);
+    else return load_stream(q);
+  };
+
   // The weights do not depend on the previous kernel: the first batch goes out before the wait.
   uint4 cur[R][U];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      cur[r][u] = active && k0 + u * step < k ? load_stream(wr[r] + k0 + u * step) : make_uint4(0, 0, 0, 0);
+      cur[r][u] = active && k0 + u * step < k ? load_w(wr[r] + k0 + u * step) : make_uint4(0, 0, 0, 0);
   grid_dependency_wait();
 
   const T* act = p.a;
@@ -283,7 +317,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
         for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int u = 0; u < U; ++u)
-            if (kb + u * step < k) cur[r][u] = load_stream(wr[r] + kb + u * step);
+            if (kb + u * step < k) cur[r][u] = load_w(wr[r] + kb + u * step);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -342,6 +376,114 @@ __global__ void __launch_bounds__(warps * 32) gemv_out_in_kernel(const OutInArgs
   }
 }
 
+// The one-row norm GEMV with persistent blocks (GemvTuning::norm_persist): as many blocks as fit
+// the SMs at once; each normalises the row once (the prologue of gemv_out_in_kernel) and then walks
+// the column groups blockIdx.x, + gridDim.x, ... (a group: the 8 / wpr columns one block of
+// gemv_out_in_kernel takes). A warp issues the first loads of its next group before the reduction
+// and the store of the current one, so neither a block's launch, its prologue nor its epilogue
+// leaves the SM without loads in flight. Per column the same loads, sums and roundings as
+// gemv_out_in_kernel<T, 1, OutT, true, Swiglu>: the results are equal bit for bit. Registers
+// capped for 5 blocks an SM without SwiGLU, 4 with it (one more than gemv_out_in_kernel's 78).
+template <typename T, typename OutT, bool Swiglu>
+__global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_kernel(const OutInArgs<T> p) {
+  constexpr int V = vec_of<T>;
+  constexpr int R = Swiglu ? 2 : 1;
+  constexpr int U = 4;
+  extern __shared__ uint4 s_dyn[];  // the normalised row [k]
+  __shared__ float red[warps][R];
+  __shared__ float s_sum[warps][1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cols_per_group = warps / p.wpr, part = warp % p.wpr;
+  const int groups = (p.n + cols_per_group - 1) / cols_per_group;
+  const int k = p.k;
+  const int step = p.wpr * 32 * V;
+  const int k0 = (part * 32 + lane) * V;
+  const auto row = [&](int col, int r) {
+    return p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
+  };
+  uint4 cur[R][U];
+  const auto first_batch = [&](int g) {
+    const int col = g * cols_per_group + warp / p.wpr;
+    const bool active = g < groups && col < p.n;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        cur[r][u] = active && k0 + u * step < k ? load_stream(row(col, r) + k0 + u * step) : make_uint4(0, 0, 0, 0);
+  };
+  int g = blockIdx.x;
+  first_batch(g);  // the weights do not depend on the previous kernel
+  grid_dependency_wait();
+  T* s_act = reinterpret_cast<T*>(s_dyn);
+  if (p.layer_norm) layer_norm_prologue<T, 1>(s_act, p, s_sum);
+  else rms_norm_prologue<T, 1>(s_act, p, s_sum);
+  __syncthreads();
+  const T* act = s_act;
+
+  for (; g < groups; g += gridDim.x) {
+    const int col = g * cols_per_group + warp / p.wpr;
+    const bool active = col < p.n;
+    const T* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = row(col, r);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    if (active) {
+      for (int kb = k0; kb < k; kb += U * step) {
+        if (kb != k0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+              if (kb + u * step < k) cur[r][u] = load_stream(wr[r] + kb + u * step);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int kk = kb + u * step;
+          if (kk >= k) break;
+          float wf[R][V], af[V];
+#pragma unroll
+          for (int r = 0; r < R; ++r) unpack<T>(cur[r][u], wf[r]);
+          unpack<T>(*reinterpret_cast<const uint4*>(act + kk), af);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[r] += wf[r][i] * af[i];
+        }
+      }
+    }
+    first_batch(g + gridDim.x);  // the next group's first loads go out before this one's reduction
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+    if (p.wpr > 1) {
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+      __syncthreads();
+      if (part == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float s = 0.0f;
+          for (int q = 0; q < p.wpr; ++q) s += red[warp + q][r];  // fixed order, as gemv_out_in_kernel
+          acc[r] = s;
+        }
+    }
+    if (lane == 0 && part == 0 && active) {
+      OutT* out = static_cast<OutT*>(p.out);
+      if constexpr (Swiglu) {
+        const float gt = to_f32(from_f32<T>(acc[0])), u = to_f32(from_f32<T>(acc[1]));
+        const float sl = to_f32(from_f32<T>(gt / (1.0f + expf(-gt))));
+        out[col] = from_f32<OutT>(sl * u);
+      } else {
+        const float b = p.bias ? to_f32(p.bias[col]) : 0.0f;
+        finish_gelu(out + col, acc[0], b, p.beta, p.gelu);
+      }
+    }
+    if (p.wpr > 1) __syncthreads();  // red is rewritten by the next group
+  }
+}
+
 // ---- One-row GEMV on bulk copies (XSERV_CUDA_GEMV_BULK=0 turns it off) -------------------------
 // The register kernel above keeps U x 16 bytes a lane in flight, so a weight of a few tens of MB
 // is streamed in a few dependent round trips per warp, each paying the full DRAM latency, and
@@ -367,12 +509,22 @@ __device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
 
 // Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory,
 // announced on `bar` (this thread's arrival plus the bytes the copy will complete).
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
+// With hint, the copy reads under the L2 cache policy pol (evict_first_policy).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar,
+                                          bool hint = false, std::uint64_t pol = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            smem_addr(smem)),
+        "l"(gmem), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+  }
 #endif
 }
 
@@ -388,20 +540,24 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
 
 constexpr std::size_t bulk_ring_bytes = std::size_t{warps} * bulk_stages * bulk_chunk;
 
+// act_global: the activation row is read from global memory (through L1) instead of a copy in
+// shared memory (GemvTuning::bulk_wide).
 template <typename T>
-std::size_t bulk_smem_bytes(int k) {
-  return bulk_ring_bytes + static_cast<std::size_t>(k) * sizeof(T) + std::size_t{warps} * bulk_stages * 8;
+std::size_t bulk_smem_bytes(int k, bool act_global = false) {
+  return bulk_ring_bytes + (act_global ? 0 : static_cast<std::size_t>(k) * sizeof(T)) + std::size_t{warps} * bulk_stages * 8;
 }
 
-template <typename T, typename OutT>
+// ActGlobal (GemvTuning::bulk_wide): the activation row read from global memory (through L1)
+// instead of a copy in shared memory.
+template <typename T, typename OutT, bool ActGlobal = false>
 __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T> p) {
   extern __shared__ __align__(128) unsigned char s_bulk[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k = p.k;
   unsigned char* ring = s_bulk + static_cast<std::size_t>(warp) * bulk_stages * bulk_chunk;
   T* s_act = reinterpret_cast<T*>(s_bulk + bulk_ring_bytes);
-  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(s_bulk + bulk_ring_bytes + static_cast<std::size_t>(k) * sizeof(T)) +
-                        warp * bulk_stages;
+  const std::size_t act_bytes = ActGlobal ? 0 : static_cast<std::size_t>(k) * sizeof(T);
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(s_bulk + bulk_ring_bytes + act_bytes) + warp * bulk_stages;
 
   const int total_warps = gridDim.x * warps, gw = blockIdx.x * warps + warp;
   const unsigned row_bytes = static_cast<unsigned>(k) * sizeof(T);
@@ -409,11 +565,13 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   const int my_rows = gw < p.n ? (p.n - gw + total_warps - 1) / total_warps : 0;
   const int items = my_rows * chunks;  // (row, chunk) pairs in order
   const auto* wb = reinterpret_cast<const unsigned char*>(p.w);
+  const bool hint = p.evict_first;
+  const std::uint64_t pol = hint && lane == 0 ? evict_first_policy() : 0;
   auto issue = [&](int i) {  // lane 0: item i into slot i % bulk_stages
     const int row = gw + (i / chunks) * total_warps, c = i % chunks;
     const unsigned off = static_cast<unsigned>(c) * bulk_chunk;
     bulk_load(ring + (i % bulk_stages) * bulk_chunk, wb + static_cast<std::int64_t>(row) * row_bytes + off,
-              min(static_cast<unsigned>(bulk_chunk), row_bytes - off), &bars[i % bulk_stages]);
+              min(static_cast<unsigned>(bulk_chunk), row_bytes - off), &bars[i % bulk_stages], hint, pol);
   };
   if (lane == 0) {
     for (int s = 0; s < bulk_stages; ++s) mbar_init(&bars[s]);
@@ -437,10 +595,14 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   };
   grid_dependency_wait();
   read_ahead(0);
-  for (int i = threadIdx.x * 16; i < static_cast<int>(row_bytes); i += blockDim.x * 16)
-    *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(s_act) + i) =
-        *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p.a) + i);
-  __syncthreads();
+  const unsigned char* act_row = reinterpret_cast<const unsigned char*>(p.a);
+  if constexpr (!ActGlobal) {
+    for (int i = threadIdx.x * 16; i < static_cast<int>(row_bytes); i += blockDim.x * 16)
+      *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(s_act) + i) =
+          *reinterpret_cast<const uint4*>(act_row + i);
+    __syncthreads();
+    act_row = reinterpret_cast<const unsigned char*>(s_act);
+  }
 
   constexpr int V = vec_of<T>;
   float acc = 0.0f;
@@ -450,7 +612,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     const unsigned off = static_cast<unsigned>(c) * bulk_chunk;
     const unsigned bytes = min(static_cast<unsigned>(bulk_chunk), row_bytes - off);
     const unsigned char* chunk = ring + slot * bulk_chunk;
-    const unsigned char* act = reinterpret_cast<const unsigned char*>(s_act) + off;
+    const unsigned char* act = act_row + off;  // shared memory, or global with ActGlobal
     for (unsigned b = lane * 16u; b < bytes; b += 32u * 16u) {
       float wf[V], af[V];
       unpack<T>(*reinterpret_cast<const uint4*>(chunk + b), wf);
@@ -484,7 +646,7 @@ bool gemv_pdl(std::int64_t weight_bytes) noexcept {
 
 // Whether gemv_bulk_kernel<T, OutT> can run on the current device: it was built for sm_90 or
 // later (below that its bulk copies and barriers compile to nothing), and its shared memory is
-// configured. Once per instantiation (a process drives devices of one kind).
+// configured (both forms). Once per instantiation (a process drives devices of one kind).
 template <typename T, typename OutT>
 bool bulk_usable() {
   static const bool usable = [] {
@@ -495,6 +657,8 @@ bool bulk_usable() {
     }
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bulk_smem_bytes<T>(max_bulk_k))));
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<T, OutT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bulk_smem_bytes<T>(max_bulk_k, true))));
     return true;
   }();
   return usable;
@@ -503,14 +667,21 @@ bool bulk_usable() {
 template <typename T, typename OutT>
 void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   OutInArgs<T> p = args;
-  p.early_out = gemv_tuning().early_out;
-  const std::size_t smem = bulk_smem_bytes<T>(p.k);
+  const GemvTuning& tune = gemv_tuning();
+  p.early_out = tune.early_out;
+  p.evict_first = tune.evict_first;
+  const auto fits_two = [](std::size_t smem) { return 2 * (smem + 1024) <= 228 * 1024; };  // 1 KB a block is the runtime's
+  // bulk_wide: a row too long for two blocks an SM beside its copy in shared memory (Qwen3-8B's
+  // down_proj, K = 12288: 120 KB a block) is read from global memory instead, so two fit.
+  const bool act_global = tune.bulk_wide && !fits_two(bulk_smem_bytes<T>(p.k)) && fits_two(bulk_smem_bytes<T>(p.k, true));
+  const std::size_t smem = bulk_smem_bytes<T>(p.k, act_global);
   // As many blocks as fit beside each other (two an SM at the 96 KB ring when the activation row
   // is small), at most one row a warp.
-  const int per_sm = 2 * (smem + 1024) <= 228 * 1024 ? 2 : 1;  // 1 KB a block is the runtime's
+  const int per_sm = fits_two(smem) ? 2 : 1;
   const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
-  launch_kernel(gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T))), gemv_bulk_kernel<T, OutT>,
-                dim3(blocks), dim3(warps * 32), smem, stream, p);
+  const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)));
+  if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
+  else launch_kernel(pdl, gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
 }
 
 // The LayerNorm prologue of gemv_in_out_kernel: rows [M, k] of x normalised as norm.cu's
@@ -665,7 +836,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
-// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT and _BULK_MAX_MB: see gemv_tuning()
+// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
+// _EVICT_FIRST and _NORM_PERSIST: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -676,8 +848,13 @@ GemvTuning tuning_from_env() noexcept {
     const char* v = std::getenv(name);
     return v == nullptr || std::string_view(v) != "0";
   };
-  return GemvTuning{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
-                    on("XSERV_CUDA_GEMV_BULK"), on("XSERV_CUDA_GEMV_EARLY_OUT"), get("XSERV_CUDA_GEMV_BULK_MAX_MB")};
+  GemvTuning t{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
+               on("XSERV_CUDA_GEMV_BULK"), on("XSERV_CUDA_GEMV_EARLY_OUT"), get("XSERV_CUDA_GEMV_BULK_MAX_MB")};
+  t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
+  t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
+  t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
+  t.norm_persist = get("XSERV_CUDA_GEMV_NORM_PERSIST") == 1;
+  return t;
 }
 
 // Warps per output column (1, 2, 4 or 8: the warps of a column split K). Measured on the H200
@@ -722,8 +899,33 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
-  launch_kernel(gemv_pdl(weight_bytes), gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>, grid, dim3(warps * 32), smem,
-                stream, p);
+  const bool pdl = gemv_pdl(weight_bytes);
+  const dim3 block(warps * 32);
+  if constexpr (M == 1 && Norm) {
+    if (tune.norm_persist) {
+      // As many blocks as fit an SM (registers and the normalised row), at most one a group.
+      int per_sm = 1;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,
+                                                        warps * 32, smem) != cudaSuccess || per_sm < 1) {
+        (void)cudaGetLastError();
+        per_sm = 1;
+      }
+      const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
+      return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
+    }
+  }
+  if constexpr (M == 1) {
+    // norm_occ (bit 1: without SwiGLU, bit 2: with it): registers capped so that 6 (q|k|v: one
+    // wave for Qwen3-8B's 768 blocks instead of 1.16 at five) or 4 (gate|up) blocks fit an SM.
+    constexpr int tight = Norm ? (Swiglu ? 4 : 6) : 0;
+    const bool occ = Norm && (tune.norm_occ & (Swiglu ? 2 : 1)) != 0;
+    if (occ && tune.evict_first)
+      return launch_kernel(pdl, gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, tight, true>, grid, block, smem, stream, p);
+    if (occ) return launch_kernel(pdl, gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, tight>, grid, block, smem, stream, p);
+    if (tune.evict_first)
+      return launch_kernel(pdl, gemv_out_in_kernel<T, M, OutT, Norm, Swiglu, 0, true>, grid, block, smem, stream, p);
+  }
+  launch_kernel(pdl, gemv_out_in_kernel<T, M, OutT, Norm, Swiglu>, grid, block, smem, stream, p);
 }
 
 template <typename T, typename OutT, int M>
@@ -820,7 +1022,33 @@ void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const
   else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
 
+// bench/gemv_bench's ceiling: a pure streaming read of `n16` 16-byte vectors, grid-stride, eight
+// loads a lane in flight, nothing written but (never, in practice) one word to `sink`.
+__global__ void __launch_bounds__(256) read_probe_kernel(const uint4* p, std::size_t n16, unsigned* sink) {
+  constexpr int U = 8;
+  unsigned acc = 0;
+  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
+  std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (; i + (U - 1) * stride < n16; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = load_stream(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = load_stream(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 }  // namespace
+
+void launch_read_probe(cudaStream_t stream, const void* p, std::size_t bytes, unsigned* sink, int blocks) {
+  read_probe_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
+  XSERV_CUDA_LAUNCH_CHECK();
+}
 
 GemvTuning& gemv_tuning() noexcept {
   static GemvTuning t = tuning_from_env();

@@ -104,8 +104,24 @@ struct GemvTuning {
   bool bulk = true;
   bool early_out = true;
   int bulk_max_mb = 0;
+  // Issue 12, 2026-12-03 (opt-in while measured): bulk_wide (XSERV_CUDA_GEMV_BULK_WIDE=1): the
+  // bulk kernel reads an activation row too long for two blocks an SM beside its shared-memory
+  // copy (Qwen3-8B's down_proj) from global memory, so two blocks fit; norm_occ
+  // (XSERV_CUDA_GEMV_NORM_OCC, bits): the one-row norm GEMV's registers capped for 6 blocks an SM
+  // without SwiGLU (1) and 4 with it (2); evict_first (XSERV_CUDA_GEMV_EVICT_FIRST=1): the
+  // one-row GEMVs read their weights under an L2 evict-first policy; norm_persist
+  // (XSERV_CUDA_GEMV_NORM_PERSIST=1, takes precedence over norm_occ): the one-row norm GEMVs with
+  // one wave of persistent blocks, the prologue once a block and the next column group's first
+  // loads issued before the current one's reduction.
+  bool bulk_wide = false;
+  int norm_occ = 0;
+  bool evict_first = false;
+  bool norm_persist = false;
 };
 constexpr int max_bulk_k = 16384;
+// bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
+// aligned) by `blocks` blocks of 256 threads, the ceiling a GEMV of that weight is held against.
+void launch_read_probe(cudaStream_t stream, const void* p, std::size_t bytes, unsigned* sink, int blocks);
 GemvTuning& gemv_tuning() noexcept;
 // gemm_skinny.cu: the same product for 5..max_skinny_gemm_rows rows on tensor cores (batched
 // decode), a and W [N, K] (out_in) in bf16, out in bf16 or f32: each weight element is loaded

@@ -450,22 +450,37 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   // each split (gemv_tuning) on shapes where K is split unevenly or leaves warps without loads,
   // plain (with beta = 1 and f32 logits) and with the norm prologue / SwiGLU epilogue. wpr 0:
   // the defaults, where plain products take gemv_bulk_kernel (rows of one 4 KB chunk, of several
-  // with a 16-byte tail, many rows a warp when n passes the grid's warps).
+  // with a 16-byte tail, many rows a warp when n passes the grid's warps). wpr -1: the opt-in
+  // forms of 2026-12-03 (bulk_wide: k = 16384 reads its activation from global memory; norm_occ:
+  // the register-capped norm GEMVs; evict_first: the L2 policy on the weight loads) and wpr -2
+  // the persistent norm GEMV (norm_persist; n = 12000 walks several column groups a block), which
+  // must also equal the defaults bit for bit (the same loads and sums in the same order).
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(33);
   struct Case {
     std::int64_t k, n;
   };
-  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64}, {512, 300}, {64, 24}, {2056, 40}, {1024, 5000}, {16384, 16}};
+  const Case cases[] = {{1024, 96}, {2048, 40}, {4104, 64},   {512, 300},  {64, 24},
+                        {2056, 40}, {1024, 5000}, {16384, 16}, {1024, 12000}};
   struct Reset {
     ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
   } reset;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int wpr : {1, 2, 4, 8, 0}) {
+      for (int wpr : {1, 2, 4, 8, 0, -1, -2}) {
         // The bulk kernel (wpr 0) reads its outputs ahead (early_out, the default).
-        cuda::gemv_tuning() = cuda::GemvTuning{wpr, wpr, false, wpr == 0, true, 0};
+        const auto tuning = [](int split) {
+          cuda::GemvTuning t{std::max(split, 0), std::max(split, 0), false, split <= 0, true, 0};
+          if (split == -1) {
+            t.bulk_wide = true;
+            t.norm_occ = 3;
+            t.evict_first = true;
+          }
+          t.norm_persist = split == -2;
+          return t;
+        };
+        cuda::gemv_tuning() = tuning(wpr);
         for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
@@ -482,23 +497,47 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             const DType out_dt = variant == 1 ? DType::f32 : dt;
             std::vector<float> want(static_cast<std::size_t>(c.n));
             Tensor gout;
+            // wpr -1: the same product under the defaults, for the bit-for-bit comparison.
+            std::vector<float> defaults;
             if (norm) {
               std::vector<float> h(x.size()), y(static_cast<std::size_t>(rows));
               be.cpu.rms_norm_gemm(host_view(want, {1, c.n}), host_view(x, {1, c.k}), host_view(g, {c.k}), 1e-6f,
                                    host_view(w, {rows, c.k}), swiglu, host_view(h, {1, c.k}),
                                    swiglu ? host_view(y, {1, rows}) : Tensor());
-              gout = be.gpu_poisoned(dt, {1, c.n});
-              be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
-                                    be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {1, c.k}),
-                                    swiglu ? be.gpu_poisoned(dt, {1, rows}) : Tensor());
+              const auto run = [&] {
+                gout = be.gpu_poisoned(dt, {1, c.n});
+                be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
+                                      be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {1, c.k}),
+                                      swiglu ? be.gpu_poisoned(dt, {1, rows}) : Tensor());
+              };
+              if (wpr < 0) {
+                cuda::gemv_tuning() = tuning(0);
+                run();
+                defaults = be.read(gout);
+                cuda::gemv_tuning() = tuning(wpr);
+              }
+              run();
             } else {
               const float beta = variant == 0 ? 1.0f : 0.0f;
               want = out0;
               be.cpu.gemm(Tensor(want.data(), DType::f32, {1, c.n}), host_view(x, {1, c.k}), host_view(w, {c.n, c.k}),
                           WeightLayout::out_in, Tensor(), beta, 0);
-              gout = beta != 0.0f ? be.gpu_tensor(out0, out_dt, {1, c.n}) : be.gpu_poisoned(out_dt, {1, c.n});
-              be.gpu->gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(w, dt, {c.n, c.k}), WeightLayout::out_in,
-                           Tensor(), beta, 0);
+              const auto run = [&] {
+                gout = beta != 0.0f ? be.gpu_tensor(out0, out_dt, {1, c.n}) : be.gpu_poisoned(out_dt, {1, c.n});
+                be.gpu->gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(w, dt, {c.n, c.k}),
+                             WeightLayout::out_in, Tensor(), beta, 0);
+              };
+              if (wpr < 0) {
+                cuda::gemv_tuning() = tuning(0);
+                run();
+                defaults = be.read(gout);
+                cuda::gemv_tuning() = tuning(wpr);
+              }
+              run();
+            }
+            if (wpr < 0) {
+              const bool same = be.read(gout) == defaults;  // tolerance 0: the same bits
+              REQUIRE(same);
             }
             // Values are O(1) (weights of std 1/sqrt(k)). f32: f32 sums in another order; bf16
             // output: one rounding (and the norm's roundings as HF does them), the CPU keeps f32.
