@@ -2,8 +2,10 @@
 # Issue 10, batched decode (h/serve, 2026-12-03): one request of the lead's round. Builds from
 # scratch into /tmp/b, runs the tests of the new paths, then Qwen3-1.7B decode steps
 # (generate_bench) and serving (serve_bench) with each variant in its own process, interleaved,
-# and Qwen3-8B serving before/after if time is left. Variants are "name:ENV=V,ENV=V" words in
-# GB_VARIANTS / SERVE_VARIANTS / SERVE8_VARIANTS (run in that order); "base" has no settings.
+# and Qwen3-8B serving if time is left. Sourced by a request's run.sh, which may define
+# run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V ...]`) and sets the variants:
+# "name:ENV=V,ENV=V" words in GB_VARIANTS / SERVE_VARIANTS / SERVE8_VARIANTS (run in that order;
+# a name alone runs the defaults).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,8 +28,8 @@ tests() {  # label, timeout, spec, env...
   env "$@" timeout "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
   echo "rc=$? $(grep -E "^(All tests|test cases)" "$OUT/tests_$label.txt" | tail -2 | tr '\n' ' ')"
 }
-tests new 60 "cuda gemm_rms_norm_gemm*,cuda batched decode attention*"
-tests engine 60 "cuda engine*,cuda: decode steps*,cuda run_graph*" ${ENGINE_ENV:-}
+# The request defines run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V...]`) before sourcing.
+if declare -F run_tests >/dev/null; then run_tests; fi
 gb() {  # variant word, model
   local n s; n=$(name "$1"); s=$(settings "$1")
   env $s timeout 30 "$G" --dummy-weights --config "bench/configs/$2.json" --device cuda --batch ${GB_BATCH:-16,64,128} \
