@@ -48,7 +48,7 @@ __global__ void swiglu_kernel(T* out, const T* gate_up, std::int64_t rows, std::
 // from blockIdx.y (no 64-bit division per element, a quarter or an eighth of the accesses; at
 // 128 decode rows of Qwen3-8B the scalar kernel took 8 us a layer). inner % N == 0 and 16-byte
 // aligned buffers (launch_swiglu checks).
-// pdl (XSERV_CUDA_SMALL_PDL=1): launched early beside the GEMM before it; waits for it first.
+// pdl (small_kernels_pdl, XSERV_CUDA_SMALL_PDL; on by default): launched early beside the GEMM before it; waits for it first.
 template <typename T>
 __global__ void swiglu_vec_kernel(T* out, const T* gate_up, std::int64_t inner, bool pdl) {
   constexpr int N = 16 / sizeof(T);

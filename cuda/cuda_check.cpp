@@ -33,7 +33,7 @@ bool pdl_enabled() noexcept {
 bool small_kernels_pdl() noexcept {
   static const bool enabled = [] {
     const char* env = std::getenv("XSERV_CUDA_SMALL_PDL");
-    return pdl_enabled() && env != nullptr && std::string_view(env) == "1";
+    return pdl_enabled() && (env == nullptr || std::string_view(env) != "0");
   }();
   return enabled;
 }

@@ -20,9 +20,10 @@ namespace xserv::cuda {
 // kernel ahead"), where letting every kernel launch the next first thing had measured no faster.
 bool pdl_enabled() noexcept;
 // The RMSNorm/LayerNorm register kernel and the vectorised SwiGLU launch with programmatic
-// dependent launch too (XSERV_CUDA_SMALL_PDL=1, read once; needs pdl_enabled()): they load what
-// no kernel writes (the norm weights) before grid_dependency_wait. Off by default (plain launches
-// that only let the next kernel start early).
+// dependent launch too (XSERV_CUDA_SMALL_PDL, read once; needs pdl_enabled()): they load what
+// no kernel writes (the norm weights) before grid_dependency_wait. On by default (Qwen3-1.7B at
+// 16 decode rows 1.58 -> 1.52 ms a step, 64/128 rows unchanged); XSERV_CUDA_SMALL_PDL=0 gives the
+// plain launches that only let the next kernel start early.
 bool small_kernels_pdl() noexcept;
 // Decode GEMVs whose weight is larger than this launch plainly even with pdl_enabled()
 // (XSERV_CUDA_PDL_GEMV_MB, read once; default 32 MB): Qwen3-8B's 33-201 MB GEMVs run 13-52 us,

@@ -63,7 +63,7 @@ __global__ void norm_kernel(T* out, const T* x, T* residual, const T* weight, co
 
 constexpr int kPerThread = 8;
 
-// pdl (XSERV_CUDA_SMALL_PDL=1, small_kernels_pdl): launched early beside the kernel before it;
+// pdl (small_kernels_pdl, XSERV_CUDA_SMALL_PDL; on by default): launched early beside the kernel before it;
 // the weight (and bias) loads go out first, then grid_dependency_wait, then x.
 template <typename T, bool Rms>
 __global__ void norm_registers_kernel(T* out, const T* x, T* residual, const T* weight,
