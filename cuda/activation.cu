@@ -48,9 +48,11 @@ __global__ void swiglu_kernel(T* out, const T* gate_up, std::int64_t rows, std::
 // from blockIdx.y (no 64-bit division per element, a quarter or an eighth of the accesses; at
 // 128 decode rows of Qwen3-8B the scalar kernel took 8 us a layer). inner % N == 0 and 16-byte
 // aligned buffers (launch_swiglu checks).
+// pdl (small_kernels_pdl, XSERV_CUDA_SMALL_PDL; on by default): launched early beside the GEMM before it; waits for it first.
 template <typename T>
-__global__ void swiglu_vec_kernel(T* out, const T* gate_up, std::int64_t inner) {
+__global__ void swiglu_vec_kernel(T* out, const T* gate_up, std::int64_t inner, bool pdl) {
   constexpr int N = 16 / sizeof(T);
+  if (pdl) grid_dependency_wait();
   const std::int64_t c = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) * N;
   if (c >= inner) return;
   const std::int64_t r = blockIdx.y;
@@ -70,7 +72,8 @@ void launch_swiglu_typed(cudaStream_t stream, T* out, const T* gate_up, std::int
   if (inner % N == 0 && aligned(out) && aligned(gate_up) && rows < 65536) {
     const dim3 grid(static_cast<unsigned>((inner / N + threads - 1) / threads),
                     static_cast<unsigned>(rows));
-    swiglu_vec_kernel<<<grid, threads, 0, stream>>>(out, gate_up, inner);
+    const bool pdl = small_kernels_pdl();
+    launch_kernel(pdl, swiglu_vec_kernel<T>, grid, dim3(threads), 0, stream, out, gate_up, inner, pdl);
   } else {
     swiglu_kernel<<<blocks_for(rows * inner), threads, 0, stream>>>(out, gate_up, rows, inner);
   }

@@ -573,6 +573,87 @@ __device__ __forceinline__ void head_warp_finish(const AttentionParams& p, const
   if (lane == 0) *ticket = 0;  // ready for the next launch (graph replays too)
 }
 
+// The q/k prologue of a HeadWarps warp, all of its heads at once (XSERV_CUDA_ATTN_FOLD_AT_ONCE,
+// params.fold_at_once): the norm weights and the RoPE cos/sin (one pair per lane and rotation
+// pair, shared by every head of the row) before grid_dependency_wait, then every head's values
+// (the G q heads, and k and v when this warp writes the row's own key) loaded at once, so the
+// prologue waits for one round trip instead of one per head (transform_head's loop did G + 2 in a
+// row, which made the folded form slower than qk_transform_store, docs/benchmarks.md). Lane l
+// holds elements l + 32 j, so RoPE's partner i + D/2 is the same lane's j + D/64: no staging.
+// Rounds exactly as transform_head (same sums in the same order): q into s_qt (bf16), k and v to
+// the cache at `slot`. Calls grid_dependency_wait.
+template <int D>
+__device__ __forceinline__ void head_warp_transform(const QkTransformParams& t, int row, int kvh, int group,
+                                                    bool writer, std::int64_t slot, float pos, int lane,
+                                                    __nv_bfloat16 (&s_qt)[8][D]) {
+  using bf16 = __nv_bfloat16;
+  constexpr int per_lane = D / 32, pairs = per_lane / 2;
+  const bf16* q_norm = static_cast<const bf16*>(t.q_norm);
+  const bf16* k_norm = static_cast<const bf16*>(t.k_norm);
+  float qw[per_lane], kw[per_lane], cs[pairs], sn[pairs];
+#pragma unroll
+  for (int j = 0; j < per_lane; ++j) {
+    qw[j] = q_norm ? to_f32(q_norm[lane + 32 * j]) : 0.0f;
+    kw[j] = k_norm ? to_f32(k_norm[lane + 32 * j]) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < pairs; ++j) {
+    const float angle = pos * (t.rope ? t.inv_freq[lane + 32 * j] : 0.0f);
+    cs[j] = cosf(angle);
+    sn[j] = sinf(angle);
+  }
+  grid_dependency_wait();
+  const int n_q = t.n_q_heads, n_kv = t.n_kv_heads;
+  const bf16* qkv_row = static_cast<const bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
+  // Heads 0..group-1: q; head 8: k; head 9: v (k and v only when writing).
+  float x[10][per_lane];
+#pragma unroll
+  for (int h = 0; h < 10; ++h) {
+    const bool live = h < 8 ? h < group : writer;
+    const int col = h < 8 ? (kvh * group + h) * D : h == 8 ? (n_q + kvh) * D : (n_q + n_kv + kvh) * D;
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) x[h][j] = live ? to_f32(qkv_row[col + lane + 32 * j]) : 0.0f;
+  }
+  bf16* k_dst = static_cast<bf16*>(t.k_cache) + (slot * n_kv + kvh) * D;
+  bf16* v_dst = static_cast<bf16*>(t.v_cache) + (slot * n_kv + kvh) * D;
+#pragma unroll
+  for (int h = 0; h < 9; ++h) {
+    const bool live = h < 8 ? h < group : writer;
+    if (!live) continue;  // warp-uniform
+    const bool is_q = h < 8;
+    if (is_q ? q_norm != nullptr : k_norm != nullptr) {
+      float sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) sq += x[h][j] * x[h][j];
+      const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(D) + t.norm_eps);
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j)
+        x[h][j] = to_f32(from_f32<bf16>(to_f32(from_f32<bf16>(x[h][j] * rstd)) * (is_q ? qw[j] : kw[j])));
+    }
+    bf16 out[per_lane];
+    if (t.rope) {
+#pragma unroll
+      for (int j = 0; j < pairs; ++j) {
+        const float x1 = x[h][j], x2 = x[h][j + pairs];
+        out[j] = from_f32<bf16>(x1 * cs[j] - x2 * sn[j]);
+        out[j + pairs] = from_f32<bf16>(x2 * cs[j] + x1 * sn[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) out[j] = from_f32<bf16>(x[h][j]);
+    }
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) {
+      if (is_q) s_qt[h][lane + 32 * j] = out[j];
+      else k_dst[lane + 32 * j] = out[j];
+    }
+  }
+  if (writer) {
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) v_dst[lane + 32 * j] = from_f32<bf16>(x[9][j]);  // exact: read as bf16
+  }
+}
+
 template <int D, int Stages, bool Fused, int Warps, bool HeadWarps = false>
 __global__ void __launch_bounds__(Warps * 32)
     attention_decode_mma_kernel(const QkAttentionParams params) {
@@ -674,6 +755,7 @@ __global__ void __launch_bounds__(Warps * 32)
   // contexts, every block is a writer: its copies would otherwise wait for the transform).
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
+  const bool fold_heads_at_once = params.fold_at_once;
   if constexpr (Fused) {
     // HeadWarps: each warp transforms its own kv head's q heads (and k, v when it writes).
     __shared__ __align__(16) bf16 s_qt_all[HeadWarps ? Warps : 1][8][D];
@@ -684,9 +766,17 @@ __global__ void __launch_bounds__(Warps * 32)
     prologue_copies(true);
     const float pos = static_cast<float>(t.positions[row]);  // batch metadata: before the wait
     const std::int64_t slot = t.slot_mapping[row];
-    grid_dependency_wait();
+    if constexpr (HeadWarps) {
+      if (fold_heads_at_once)
+        head_warp_transform<D>(t, row, kvh, group, writer, slot, pos, lane, s_qt);
+      else
+        grid_dependency_wait();
+    } else {
+      grid_dependency_wait();
+    }
     bf16* qkv_row = static_cast<bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
-    for (int h = HeadWarps ? 0 : warp; h < group + (writer ? 2 : 0); h += chunk_warps) {  // warp-uniform
+    const bool one_by_one = !HeadWarps || !fold_heads_at_once;
+    for (int h = HeadWarps ? 0 : warp; one_by_one && h < group + (writer ? 2 : 0); h += chunk_warps) {  // warp-uniform
       if (h < group) {
         transform_head<bf16>(t, qkv_row + (kvh * group + h) * D, s_qt[h], s_stage[warp],
                              static_cast<const bf16*>(t.q_norm), pos, lane);
@@ -1326,14 +1416,21 @@ bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t gr
                                 std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
                                 std::int32_t context_bucket, int sm_count) noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_FUSE_QK");  // at every call, as use_mma
-  const bool enabled = env != nullptr ? std::string_view(env) != "0"
-                                      : short_context_decode(rows_x_kv_heads, context_bucket, sm_count);
+  const bool heads = env != nullptr && std::string_view(env) == "heads";
+  const bool enabled = env != nullptr && !heads
+                           ? std::string_view(env) != "0"
+                           : short_context_decode(rows_x_kv_heads, context_bucket, sm_count) ||
+                                 (heads && use_mma() && head_warps_launch(head_dim, rows_x_kv_heads, sm_count));
   return enabled && max_query_len == 1 && use_tiles(dt, head_dim) && use_mma() && group >= 1 &&
          group <= 8;
 }
 
-void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p) {
-  if (p.attn.num_tokens == 0) return;
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& params) {
+  if (params.attn.num_tokens == 0) return;
+  const char* env = std::getenv("XSERV_CUDA_ATTN_FOLD_AT_ONCE");  // at every call, as FUSE_QK
+  const bool at_once = env == nullptr || std::string_view(env) != "0";
+  QkAttentionParams p = params;
+  p.fold_at_once = at_once;
   if (p.attn.head_dim == 64)
     launch_mma_dim<64, true>(stream, p);
   else

@@ -159,6 +159,8 @@ class CudaBackend final : public Backend {
             float beta, std::int64_t out_row_stride) override;
   void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                      const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch) override;
+  void gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res, const Tensor& norm_weight, float eps,
+                          const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch, Tensor y_scratch) override;
   void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
                        const Tensor& norm_bias, float eps, const Tensor& w, WeightLayout layout,
                        const Tensor& bias, bool gelu, Tensor h_scratch) override;
@@ -309,6 +311,16 @@ class CudaBackend final : public Backend {
   // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
   bool skinny_block_stats_ = false;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
+  // gemm_rms_norm_gemm at rows past the skinny kernel's and up to resid_max_rows: the residual
+  // GEMM as XSERV_CUDA_RESID_SPLITS parts of K on cuBLASLt (Gemm::run_split_k, no reduce kernel)
+  // and one kernel that adds the parts and the residual and computes the next RMSNorm
+  // (launch_residual_rms_norm): one kernel a GEMM fewer than cuBLASLt's split-K reduce (or
+  // beta = 1 epilogue) and the separate norm. XSERV_CUDA_RESID_SPLITS=N: N parts, kN: parts of
+  // about N of K each (at least one), 0: the separate ops (for comparisons).
+  int resid_splits_ = 2;
+  std::int64_t resid_part_k_ = 0;  // kN: the K of a part; 0: resid_splits_ parts
+  static constexpr std::int64_t resid_max_rows = 256;
+  Buffer resid_partials_;  // [splits][resid_max_rows][N] f32
   // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
   // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
   // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
@@ -351,6 +363,10 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
   if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
+  if (const char* env = std::getenv("XSERV_CUDA_RESID_SPLITS")) {
+    if (env[0] == 'k') resid_part_k_ = std::max(0, std::atoi(env + 1));
+    else resid_splits_ = std::max(0, std::atoi(env));
+  }
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
@@ -837,6 +853,46 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
   Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
+}
+
+void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res, const Tensor& norm_weight,
+                                     float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
+                                     Tensor y_scratch) {
+  const DType dt = x.dtype;
+  const bool ranks_ok = x.shape.rank() == 2 && a.shape.rank() == 2 && w_res.shape.rank() == 2 &&
+                        w.shape.rank() == 2 && out.shape.rank() == 2;
+  const std::int64_t m = ranks_ok ? x.shape[0] : 0, n = ranks_ok ? x.shape[1] : 0, k = ranks_ok ? a.shape[1] : 0;
+  const std::int64_t rows = ranks_ok ? w.shape[0] : 0;
+  int splits = resid_splits_;
+  if (resid_part_k_ > 0) {  // the most parts of at least ~resid_part_k_ that divide K evenly
+    splits = static_cast<int>(std::clamp<std::int64_t>((k + resid_part_k_ / 2) / resid_part_k_, 1, 8));
+    while (splits > 1 && k % (8 * splits) != 0) --splits;
+  }
+  // Past the rows whose GEMMs run the GEMV or the skinny kernel (those fold the norm otherwise).
+  const bool take = splits > 0 && ranks_ok && dt == DType::bf16 && a.dtype == dt &&
+                    w_res.dtype == dt && norm_weight.dtype == dt && w.dtype == dt && out.dtype == dt &&
+                    a.shape[0] == m && w_res.shape[0] == n && w_res.shape[1] == k && norm_weight.numel() == n &&
+                    w.shape[1] == n && h_scratch.shape == x.shape && h_scratch.dtype == dt && out.shape[0] == m &&
+                    out.shape[1] == (swiglu ? rows / 2 : rows) &&
+                    (!swiglu || (rows % 2 == 0 && y_scratch.shape == Shape{m, rows} && y_scratch.dtype == dt)) &&
+                    m > std::max<std::int64_t>(skinny_rows_, skinny_fuse_rows_) && m > 8 && m <= resid_max_rows &&
+                    k % (8 * splits) == 0 &&
+                    residual_rms_norm_supported(n, x.data, h_scratch.data, norm_weight.data);
+  if (!take) {
+    Backend::gemm_rms_norm_gemm(x, a, w_res, norm_weight, eps, w, swiglu, out, h_scratch, y_scratch);
+    return;
+  }
+  // Sized for the largest rows at once, so graph captures of smaller batches never grow it.
+  ensure_scratch(resid_partials_, static_cast<std::size_t>(splits) * resid_max_rows * n * sizeof(float));
+  auto* partials = static_cast<float*>(resid_partials_.data());
+  gemm_->run_split_k(dt, partials, a.data, w_res.data, m, n, k, splits);
+  launch_residual_rms_norm(stream_, dt, x.data, h_scratch.data, partials, splits, norm_weight.data, eps, m, n);
+  if (!swiglu) {
+    gemm(out, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);
+    return;
+  }
+  gemm(y_scratch, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);
+  this->swiglu(out, y_scratch);
 }
 
 QkTransformParams CudaBackend::qk_params(const Tensor& qkv, const HeadGeometry& heads,

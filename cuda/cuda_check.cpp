@@ -30,6 +30,14 @@ bool pdl_enabled() noexcept {
   return enabled;
 }
 
+bool small_kernels_pdl() noexcept {
+  static const bool enabled = [] {
+    const char* env = std::getenv("XSERV_CUDA_SMALL_PDL");
+    return pdl_enabled() && (env == nullptr || std::string_view(env) != "0");
+  }();
+  return enabled;
+}
+
 std::int64_t pdl_gemv_max_bytes() noexcept {
   static const std::int64_t bytes = [] {
     const char* env = std::getenv("XSERV_CUDA_PDL_GEMV_MB");

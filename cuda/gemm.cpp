@@ -371,4 +371,59 @@ void Gemm::run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* 
                                     p.c, &p.algo, workspace_.data(), workspace_bytes, stream_));
 }
 
+void Gemm::run_split_k(DType dt, float* partials, const void* a, const void* w, std::int64_t m, std::int64_t n,
+                       std::int64_t k, int splits) {
+  if (m == 0 || n == 0) return;
+  XSERV_CHECK(splits >= 1 && k % (8 * splits) == 0, ErrorCode::invalid_argument,
+              "gemm: K = {} does not split into {} parts of whole 16-byte pieces", k, splits);
+  const SplitKey key{static_cast<int>(dt), m, n, k, splits, alignment_of(w), alignment_of(a)};
+  auto it = split_plans_.find(key);
+  if (it == split_plans_.end()) {
+    const cudaDataType_t type = cuda_type(dt);
+    const std::int64_t ks = k / splits;
+    auto p = std::make_unique<Plan>();
+    XSERV_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    XSERV_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    // As run(): out^T [N, M] = W_s . a_s^T; part s of W and a starts ks columns after part s - 1
+    // (the same leading dimension K), part s of the output m * n floats after it.
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, static_cast<std::uint64_t>(ks), static_cast<std::uint64_t>(n), k));
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, static_cast<std::uint64_t>(ks), static_cast<std::uint64_t>(m), k));
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n));
+    const std::int32_t count = splits;
+    const std::int64_t step = ks, out_step = m * n;
+    for (cublasLtMatrixLayout_t l : {p->a, p->b}) {
+      XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &step, sizeof(step)));
+    }
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    XSERV_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &out_step, sizeof(out_step)));
+    // The parts' alignment: the base's, capped by the part offset's (ks elements).
+    const int part_align = alignment_of(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(ks * dtype_size(dt))));
+    const Key probe_key{static_cast<int>(dt), static_cast<int>(DType::f32), static_cast<int>(WeightLayout::out_in), m, n,
+                        ks, n, false, false, 0, 0, 0, 0};
+    const auto algos = candidates(*p, p->a, p->b, p->c,
+                                  {std::min(alignment_of(w), part_align), std::min(alignment_of(a), part_align), 256},
+                                  probe_key, 8);
+    p->algo = algos.front();
+    for (const cublasLtMatmulAlgo_t& algo : algos) {  // the first without a reduce kernel
+      std::uint32_t split = 1;
+      std::size_t written = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split),
+                                               &written) == CUBLAS_STATUS_SUCCESS &&
+          split <= 1) {
+        p->algo = algo;
+        break;
+      }
+    }
+    it = split_plans_.emplace(key, std::move(p)).first;
+  }
+  const Plan& p = *it->second;
+  last_algo_ = &p.algo;
+  const float alpha = 1.0f, beta = 0.0f;
+  XSERV_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, a, p.b, &beta, partials, p.c, partials, p.c,
+                                    &p.algo, workspace_.data(), workspace_bytes, stream_));
+}
+
 }  // namespace xserv::cuda

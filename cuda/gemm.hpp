@@ -61,6 +61,14 @@ class Gemm {
   void run(DType dt, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w, WeightLayout layout,
            const void* bias, float beta, std::int64_t m, std::int64_t n, std::int64_t k);
 
+  // K split in `splits` equal parts as one strided-batched product without any reduction:
+  //   partials[s][M, N] (f32, contiguous) = a[:, s K/S : (s+1) K/S] . W[:, s K/S : (s+1) K/S]^T
+  // with a [M, K] and W out_in [N, K] in dt (bf16/f16). The caller sums the parts (with the
+  // residual and the next RMSNorm: launch_residual_rms_norm). K % (8 splits) == 0. The algorithm
+  // is the heuristic's first without a split-K of its own (no reduce kernel), else its first.
+  void run_split_k(DType dt, float* partials, const void* a, const void* w, std::int64_t m, std::int64_t n,
+                   std::int64_t k, int splits);
+
   // While on, the algorithm of a tunable row bucket first met at exactly its bucket's row count
   // (outside graph capture) is chosen by timing; off frees the tuning scratch. The model's
   // warm-up turns it on (Backend::set_warming_up), so no request pays for the measurements.
@@ -103,6 +111,9 @@ class Gemm {
   Buffer workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;  // per exact shape
   std::map<Key, cublasLtMatmulAlgo_t> algos_;   // the choice per row bucket
+  // run_split_k's plans per (dtype, M, N, K, splits, alignment of a and W).
+  using SplitKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, int, int, int>;
+  std::map<SplitKey, std::unique_ptr<Plan>> split_plans_;
   GemmTuning tune_config_;
   bool tuning_ = false;
   std::size_t tuned_ = 0;

@@ -19,6 +19,12 @@ namespace xserv::cuda {
 // decode 4-8% faster on the small models (docs/benchmarks.md, "Programmatic dependent launch, one
 // kernel ahead"), where letting every kernel launch the next first thing had measured no faster.
 bool pdl_enabled() noexcept;
+// The RMSNorm/LayerNorm register kernel and the vectorised SwiGLU launch with programmatic
+// dependent launch too (XSERV_CUDA_SMALL_PDL, read once; needs pdl_enabled()): they load what
+// no kernel writes (the norm weights) before grid_dependency_wait. On by default (Qwen3-1.7B at
+// 16 decode rows 1.58 -> 1.52 ms a step, 64/128 rows unchanged); XSERV_CUDA_SMALL_PDL=0 gives the
+// plain launches that only let the next kernel start early.
+bool small_kernels_pdl() noexcept;
 // Decode GEMVs whose weight is larger than this launch plainly even with pdl_enabled()
 // (XSERV_CUDA_PDL_GEMV_MB, read once; default 32 MB): Qwen3-8B's 33-201 MB GEMVs run 13-52 us,
 // there is no launch gap to hide, and the dependent blocks resident early measured 2-3% slower.
@@ -45,6 +51,15 @@ void launch_prepare_decode(cudaStream_t stream, std::int32_t* tokens, const std:
 void launch_norm(cudaStream_t stream, DType dt, bool rms, void* out, const void* x,
                  void* residual, const void* weight, const void* bias, float eps,
                  std::int64_t rows, std::int64_t dim);
+// The end of a residual GEMM split in K (Gemm::run_split_k) and the next RMSNorm, one kernel:
+//   x = x + sum_s partials[s]   (f32 sum in split order, + x, rounded to dt once, as cuBLASLt's
+//                                beta = 1 GEMM rounds)
+//   h = RMSNorm(x) * weight     (rounded as launch_norm: bf16(bf16(x rstd) w))
+// x, h [rows, dim] in dt (bf16 or f32); partials [splits][rows][dim] f32. dim % 256 == 0 (whole
+// warps) and dim <= 8192, 16-byte aligned x, h, weight (residual_rms_norm_supported).
+bool residual_rms_norm_supported(std::int64_t dim, const void* x, const void* h, const void* weight) noexcept;
+void launch_residual_rms_norm(cudaStream_t stream, DType dt, void* x, void* h, const float* partials, int splits,
+                              const void* weight, float eps, std::int64_t rows, std::int64_t dim);
 
 // activation.cu
 void launch_gelu(cudaStream_t stream, DType dt, void* x, std::int64_t n);
@@ -281,6 +296,9 @@ bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
 struct QkAttentionParams {
   AttentionParams attn;
   QkTransformParams qk;
+  // The HeadWarps form's prologue transforms all of a warp's heads at once (head_warp_transform);
+  // false: one head after another (transform_head). Set by launch_qk_attention_mma.
+  bool fold_at_once = true;
 };
 bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
@@ -289,7 +307,9 @@ bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group)
 // partial_*, tickets) are set as for launch_attention_rows. Taken by default where
 // short_context_decode holds (rows_x_kv_heads = rows * n_kv_heads, context_bucket as for the
 // splits); XSERV_CUDA_ATTN_FUSE_QK=1 / 0 (read at every call) forces it on / off for every
-// decode step.
+// decode step, =heads adds the launches that take the one-kv-head-a-warp form (batched decode
+// past one wave, head_warps_launch). XSERV_CUDA_ATTN_FOLD_AT_ONCE=0 (read at every call) makes that form
+// transform its heads one after another, as before 2026-12-03 (for comparisons).
 bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
                                 std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
                                 std::int32_t context_bucket, int sm_count) noexcept;

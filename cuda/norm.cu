@@ -63,15 +63,31 @@ __global__ void norm_kernel(T* out, const T* x, T* residual, const T* weight, co
 
 constexpr int kPerThread = 8;
 
+// pdl (small_kernels_pdl, XSERV_CUDA_SMALL_PDL; on by default): launched early beside the kernel before it;
+// the weight (and bias) loads go out first, then grid_dependency_wait, then x.
 template <typename T, bool Rms>
 __global__ void norm_registers_kernel(T* out, const T* x, T* residual, const T* weight,
-                                      const T* bias, float eps, int dim) {
+                                      const T* bias, float eps, int dim, bool pdl) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
-  allow_dependents();  // a following GEMV may start loading its weights
   const T* xr = x + row * dim;
   T* rr = residual ? residual + row * dim : nullptr;
   T* o = out + row * dim;
+  float wk[kPerThread], bk[kPerThread];
+  auto load_weights = [&] {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      wk[k] = i < dim ? to_f32(weight[i]) : 0.0f;
+      bk[k] = !Rms && bias && i < dim ? to_f32(bias[i]) : 0.0f;
+    }
+  };
+  if (pdl) {
+    load_weights();
+    grid_dependency_wait();  // x is the previous kernel's output; lets the next kernel launch
+  } else {
+    allow_dependents();  // a following GEMV may start loading its weights
+  }
 
   float v[kPerThread];
 #pragma unroll
@@ -97,13 +113,7 @@ __global__ void norm_registers_kernel(T* out, const T* x, T* residual, const T* 
   }
   // The weight (and bias) loads go out before the reductions, not after: one memory round
   // trip less on the path of a latency-bound kernel (a batched decode step runs two per layer).
-  float wk[kPerThread], bk[kPerThread];
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    wk[k] = i < dim ? to_f32(weight[i]) : 0.0f;
-    bk[k] = !Rms && bias && i < dim ? to_f32(bias[i]) : 0.0f;
-  }
+  if (!pdl) load_weights();
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) sum += Rms ? v[k] * v[k] : v[k];
@@ -149,10 +159,12 @@ void launch_typed(cudaStream_t stream, bool rms, void* out, const void* x, void*
   if (reg_threads <= 1024) {
     const int threads = static_cast<int>(reg_threads);
     const int d = static_cast<int>(dim);
+    const bool pdl = small_kernels_pdl();
+    const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
     if (rms) {
-      norm_registers_kernel<T, true><<<rows, threads, 0, stream>>>(o, xi, r, w, b, eps, d);
+      launch_kernel(pdl, norm_registers_kernel<T, true>, grid, block, 0, stream, o, xi, r, w, b, eps, d, pdl);
     } else {
-      norm_registers_kernel<T, false><<<rows, threads, 0, stream>>>(o, xi, r, w, b, eps, d);
+      launch_kernel(pdl, norm_registers_kernel<T, false>, grid, block, 0, stream, o, xi, r, w, b, eps, d, pdl);
     }
     return;
   }
@@ -164,7 +176,70 @@ void launch_typed(cudaStream_t stream, bool rms, void* out, const void* x, void*
   }
 }
 
+// launch_residual_rms_norm: one block a row, 8 consecutive columns a thread (dim / 8 threads, at
+// most 1024): the thread's x, norm weight and partials are 16-byte loads, all issued before the
+// sums. Launched with PDL after the cuBLASLt GEMM that wrote the partials: x and the weight
+// (written by no kernel of this GEMM) are read before grid_dependency_wait.
+template <typename T>
+__global__ void residual_rms_norm_kernel(T* x, T* h, const float* partials, int splits, const T* weight,
+                                         float eps, int dim, std::int64_t part_stride) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const int c = threadIdx.x * 8;
+  float v[8], w[8];
+  load_f32<T, 8>(x + row * dim + c, v);
+  load_f32<T, 8>(weight + c, w);
+  grid_dependency_wait();
+  const float* part = partials + row * dim + c;
+  float sum[8];
+  {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(part));
+    const float4 b = __ldcg(reinterpret_cast<const float4*>(part + 4));
+    sum[0] = a.x, sum[1] = a.y, sum[2] = a.z, sum[3] = a.w, sum[4] = b.x, sum[5] = b.y, sum[6] = b.z, sum[7] = b.w;
+  }
+  for (int s = 1; s < splits; ++s) {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(part + s * part_stride));
+    const float4 b = __ldcg(reinterpret_cast<const float4*>(part + s * part_stride + 4));
+    sum[0] += a.x, sum[1] += a.y, sum[2] += a.z, sum[3] += a.w;
+    sum[4] += b.x, sum[5] += b.y, sum[6] += b.z, sum[7] += b.w;
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = to_f32(from_f32<T>(sum[i] + v[i]));  // the stored residual, normalised as stored
+    sq += v[i] * v[i];
+  }
+  store_f32<T, 8>(x + row * dim + c, v);
+  const float rstd = rsqrtf(block_sum(sq, scratch) / static_cast<float>(dim) + eps);
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) y[i] = to_f32(from_f32<T>(v[i] * rstd)) * w[i];  // HF rounds before the weight
+  store_f32<T, 8>(h + row * dim + c, y);
+}
+
 }  // namespace
+
+bool residual_rms_norm_supported(std::int64_t dim, const void* x, const void* h, const void* weight) noexcept {
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return dim > 0 && dim % 256 == 0 && dim <= 8 * 1024 && aligned(x) && aligned(h) && aligned(weight);
+}
+
+void launch_residual_rms_norm(cudaStream_t stream, DType dt, void* x, void* h, const float* partials, int splits,
+                              const void* weight, float eps, std::int64_t rows, std::int64_t dim) {
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(dim / 8));
+  const int d = static_cast<int>(dim);
+  const std::int64_t stride = rows * dim;
+  if (dt == DType::f32) {
+    launch_pdl(residual_rms_norm_kernel<float>, grid, block, 0, stream, static_cast<float*>(x), static_cast<float*>(h),
+               partials, splits, static_cast<const float*>(weight), eps, d, stride);
+  } else {
+    launch_pdl(residual_rms_norm_kernel<__nv_bfloat16>, grid, block, 0, stream, static_cast<__nv_bfloat16*>(x),
+               static_cast<__nv_bfloat16*>(h), partials, splits, static_cast<const __nv_bfloat16*>(weight), eps, d,
+               stride);
+  }
+  XSERV_CUDA_LAUNCH_CHECK();
+}
 
 void launch_norm(cudaStream_t stream, DType dt, bool rms, void* out, const void* x,
                  void* residual, const void* weight, const void* bias, float eps,

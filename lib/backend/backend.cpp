@@ -56,6 +56,13 @@ void Backend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weig
   this->swiglu(out, y_scratch);
 }
 
+void Backend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res, const Tensor& norm_weight,
+                                 float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
+                                 Tensor y_scratch) {
+  gemm(x, a, w_res, WeightLayout::out_in, {}, 1.0f);
+  rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
+}
+
 void Backend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
                               const Tensor& norm_bias, float eps, const Tensor& w,
                               WeightLayout layout, const Tensor& bias, bool gelu,

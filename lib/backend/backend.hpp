@@ -184,6 +184,16 @@ class Backend {
   virtual void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                              const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch);
 
+  // A residual GEMM and the next pre-norm block's input side as one op (a block's o_proj and
+  // its MLP's input side, or its down_proj and the next layer's q|k|v):
+  //   x += a · W_res^T                     (as gemm with beta = 1, W_res out_in [N_x, K])
+  //   rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch)
+  // A backend may sum a GEMM split in K together with the residual and the norm in one kernel
+  // (CUDA at batched-decode rows). h_scratch [T, N_x] and y_scratch are as in rms_norm_gemm.
+  virtual void gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res, const Tensor& norm_weight,
+                                  float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
+                                  Tensor y_scratch);
+
   // The same for LayerNorm blocks (GPT-2), with the GEMM's bias and an optional GELU:
   //   h = LayerNorm(x) * norm_weight + norm_bias   (as layer_norm without a residual)
   //   out = h · W + bias                            (W in `layout`, bias [N] or empty)

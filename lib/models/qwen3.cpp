@@ -143,30 +143,46 @@ class Qwen3 final : public Model {
            gu = gate_up.rows(0, t), actt = act.rows(0, t);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     be.embedding(xt, b.token_ids, embed, {}, {});
+    // Without tensor parallelism (no all_reduce between them) a residual GEMM and the next
+    // block's input side go to the backend as one op (gemm_rms_norm_gemm), which batched CUDA
+    // decode runs with the residual sum and the RMSNorm in one kernel; qkv_done says the q|k|v of
+    // layer i was computed that way by layer i - 1.
+    const bool one_rank = shard_.size == 1;
+    bool qkv_done = false;
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Layer& l = layers[i];
       const KvLayer kvl = cache.layer(static_cast<std::int32_t>(i));
-      if (!l.qkv_w.empty()) {
+      if (!qkv_done && !l.qkv_w.empty()) {
         be.rms_norm_gemm(qkvt, xt, l.in_norm, c.norm_eps, l.qkv_w, false, ht, {});
-      } else {
+      } else if (!qkv_done) {
         be.rms_norm(ht, xt, {}, l.in_norm, c.norm_eps);
         const Tensor ws[] = {l.q_w, l.k_w, l.v_w}, bs[] = {l.q_b, l.k_b, l.v_b};
         be.gemm_parts(qkvt, ht, ws, bs);
       }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
-      be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo
-      all_reduce(xt);
-      if (!l.gate_up_w.empty()) {
-        be.rms_norm_gemm(actt, xt, l.post_norm, c.norm_eps, l.gate_up_w, true, ht, gu);
+      if (one_rank && !l.gate_up_w.empty()) {
+        be.gemm_rms_norm_gemm(xt, at, l.o_w, l.post_norm, c.norm_eps, l.gate_up_w, true, actt, ht, gu);
       } else {
-        be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
-        const Tensor ws[] = {l.gate_w, l.up_w};
-        be.gemm_parts(gu, ht, ws, {});
-        be.swiglu(actt, gu);
+        be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo
+        all_reduce(xt);
+        if (!l.gate_up_w.empty()) {
+          be.rms_norm_gemm(actt, xt, l.post_norm, c.norm_eps, l.gate_up_w, true, ht, gu);
+        } else {
+          be.rms_norm(ht, xt, {}, l.post_norm, c.norm_eps);
+          const Tensor ws[] = {l.gate_w, l.up_w};
+          be.gemm_parts(gu, ht, ws, {});
+          be.swiglu(actt, gu);
+        }
       }
-      be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, beta);  // x += mlp
-      all_reduce(xt);
+      const Layer* next = i + 1 < layers.size() ? &layers[i + 1] : nullptr;
+      qkv_done = one_rank && next != nullptr && !next->qkv_w.empty();
+      if (qkv_done) {
+        be.gemm_rms_norm_gemm(xt, actt, l.down_w, next->in_norm, c.norm_eps, next->qkv_w, false, qkvt, ht, {});
+      } else {
+        be.gemm(xt, actt, l.down_w, WeightLayout::out_in, {}, beta);  // x += mlp
+        all_reduce(xt);
+      }
     }
     if (r == 0 || !shard_.leader()) return logits.rows(0, 0);
     Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);

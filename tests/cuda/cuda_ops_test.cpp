@@ -445,6 +445,87 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
   }
 }
 
+TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the residual and the RMSNorm in one kernel",
+          "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // Backends by XSERV_CUDA_RESID_SPLITS (read at construction): 0 runs the separate ops (cuBLASLt
+  // with beta = 1, rms_norm, cuBLASLt, swiglu), the others the K parts and the one sum+norm kernel.
+  const char* split_values[] = {"0", "1", "2", "3", "4"};
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (const char* v : split_values) {
+    const ScopedEnv splits("XSERV_CUDA_RESID_SPLITS", v);
+    gpus.push_back(cuda::make_cuda_backend(BackendOptions{}));
+  }
+  GpuCpu be;
+  std::mt19937 rng(41);
+  struct Case {
+    std::int64_t m, k, n, rows;  // a [m, k], x [m, n], W_res [n, k], W [rows, n]
+    bool swiglu;
+  };
+  // Rows past the skinny kernel's (17..256 take the parts; 8 and 300 the separate ops on every
+  // backend), K of 1 to 8 parts of whole 16-byte pieces and not (3 does not divide 2048: separate
+  // ops), hidden sizes of 256 to 4096, both kinds of next GEMM.
+  const Case cases[] = {{17, 1024, 512, 768, false},  {64, 2048, 1024, 1536, true}, {100, 3072, 2048, 512, false},
+                        {128, 6144, 2048, 1024, true}, {256, 512, 256, 256, false},  {8, 1024, 512, 512, true},
+                        {300, 768, 256, 256, false},   {48, 4096, 4096, 512, true}};
+  const DType dt = DType::bf16;
+  for (const auto& c : cases) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " rows=" << c.rows << " swiglu=" << c.swiglu);
+    const std::int64_t on = c.swiglu ? c.rows / 2 : c.rows;
+    auto a = randn(rng, static_cast<std::size_t>(c.m * c.k));
+    auto wr = randn(rng, static_cast<std::size_t>(c.n * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
+    auto x0 = randn(rng, static_cast<std::size_t>(c.m * c.n), 3.0f);
+    auto g = randn(rng, static_cast<std::size_t>(c.n), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    auto w = randn(rng, static_cast<std::size_t>(c.rows * c.n), static_cast<float>(1.0 / std::sqrt(c.n)));
+    for (auto* v : {&a, &wr, &x0, &g, &w}) round_through(*v, dt);
+    // The CPU backend's (f32 intermediates) through the default implementation.
+    std::vector<float> want_x = x0, want(static_cast<std::size_t>(c.m * on)), h(x0.size()),
+                       y(static_cast<std::size_t>(c.m * c.rows));
+    be.cpu.gemm_rms_norm_gemm(host_view(want_x, {c.m, c.n}), host_view(a, {c.m, c.k}), host_view(wr, {c.n, c.k}),
+                              host_view(g, {c.n}), 1e-6f, host_view(w, {c.rows, c.n}), c.swiglu,
+                              host_view(want, {c.m, on}), host_view(h, {c.m, c.n}),
+                              c.swiglu ? host_view(y, {c.m, c.rows}) : Tensor());
+    const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gwr = be.gpu_tensor(wr, dt, {c.n, c.k}),
+                 gg = be.gpu_tensor(g, dt, {c.n}), gw = be.gpu_tensor(w, dt, {c.rows, c.n});
+    std::vector<float> base_x, base_out;  // the separate ops' (gpus[0])
+    for (std::size_t bi = 0; bi < gpus.size(); ++bi) {
+      INFO("XSERV_CUDA_RESID_SPLITS=" << split_values[bi]);
+      Backend& b = *gpus[bi];
+      std::vector<float> runs_x[2], runs_out[2];
+      for (int run = 0; run < 2; ++run) {  // twice: the same bits (the parts are summed in order)
+        Tensor gx = be.gpu_tensor(x0, dt, {c.m, c.n});
+        Tensor gout = be.gpu_poisoned(dt, {c.m, on});
+        Tensor gh = be.gpu_poisoned(dt, {c.m, c.n}), gy = c.swiglu ? be.gpu_poisoned(dt, {c.m, c.rows}) : Tensor();
+        be.gpu->synchronize();  // the inputs are be.gpu's; `b` has its own stream
+        b.gemm_rms_norm_gemm(gx, ga, gwr, gg, 1e-6f, gw, c.swiglu, gout, gh, gy);
+        b.synchronize();
+        runs_x[run] = be.read(gx);
+        runs_out[run] = be.read(gout);
+      }
+      CHECK(runs_x[0] == runs_x[1]);
+      CHECK(runs_out[0] == runs_out[1]);
+      // x: one bf16 rounding of the f32 sum; out: the GPU rounds x, h (and silu) as HF does.
+      require_close(runs_x[0], want_x, 1e-2, 1e-2);
+      require_close(runs_out[0], want, 2.5e-2, 2e-2);
+      if (bi == 0) {
+        base_x = runs_x[0];
+        base_out = runs_out[0];
+        continue;
+      }
+      // Against the separate ops: x rounds the same in most places. Measured on the H200
+      // (2026-12-03, serve-1): 79.9-80.5% of x the same bits in every case, at 1 part as at 2-4,
+      // so the difference is not the order of the parts but how the separate ops' cuBLASLt GEMM
+      // (bf16 C, beta = 1) rounds (not looked into); both are within the tolerance of the CPU's
+      // f32 sum above. The first threshold (90%) assumed f32 order only and failed.
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < base_x.size(); ++i) same += runs_x[0][i] == base_x[i];
+      CHECK(static_cast<double>(same) >= 0.75 * static_cast<double>(base_x.size()));
+      require_close(runs_out[0], base_out, 2.5e-2, 2e-2);
+    }
+  }
+}
+
 TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bulk-copy kernel match the CPU", "[cuda]") {
   // The backend picks 1-8 warps per output column by shape (gemv.cu, warps_per_column); force
   // each split (gemv_tuning) on shapes where K is split unevenly or leaves warps without loads,
@@ -1151,23 +1232,26 @@ TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
   const Case cases[] = {{{{16, 8, 128}, true, true, rows128}, 16}, {{{32, 8, 128}, true, true, rows64}, 5},
                         {{{16, 8, 128}, true, true, rows20}, 16},  {{{24, 12, 64}, true, true, rows20}, 5},
                         {{{16, 8, 64}, true, true, rows64}, 16}};
+  // The folded prologue with every head of a warp at once (the default when folded) and one
+  // head after another (FOLD_AT_ONCE=0); FUSE_QK=heads folds it where the form is taken.
   struct Variant {
-    const char *head_warps, *fuse_qk, *stages;
+    const char *head_warps, *fuse_qk, *stages, *at_once;
     bool one_op;
   };
-  const Variant variants[] = {{"1", "0", nullptr, false},
-                              {"1", "1", nullptr, true},
-                              {"1", "1", "2", true},
-                              {nullptr, nullptr, nullptr, false},
-                              {nullptr, nullptr, nullptr, true}};
+  const Variant variants[] = {{"1", "0", nullptr, nullptr, false},   {"1", "1", nullptr, nullptr, true},
+                              {"1", "1", "2", nullptr, true},        {"1", "1", nullptr, "0", true},
+                              {nullptr, "heads", nullptr, nullptr, true}, {"1", "heads", "2", nullptr, true},
+                              {nullptr, nullptr, nullptr, nullptr, false}, {nullptr, nullptr, nullptr, nullptr, true}};
   const auto shown = [](const char* v) { return v ? v : "unset"; };
   for (const auto& v : variants) {
-    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", v.head_warps);  // all three read at every call
+    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", v.head_warps);  // all four read at every call
     const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", v.fuse_qk);
     const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", v.stages);
+    const ScopedEnv env_at_once("XSERV_CUDA_ATTN_FOLD_AT_ONCE", v.at_once);
     for (const auto& c : cases) {
       INFO("XSERV_CUDA_ATTN_HEAD_WARPS=" << shown(v.head_warps) << " FUSE_QK=" << shown(v.fuse_qk)
-                                         << " STAGES=" << shown(v.stages) << (v.one_op ? " qk_attention" : " two ops")
+                                         << " STAGES=" << shown(v.stages) << " FOLD_AT_ONCE=" << shown(v.at_once)
+                                         << (v.one_op ? " qk_attention" : " two ops")
                                          << " heads " << c.attn.geom.n_q_heads << "/" << c.attn.geom.n_kv_heads
                                          << " d " << c.attn.geom.head_dim << " rows " << c.attn.seqs.size()
                                          << " block " << c.block_size);
