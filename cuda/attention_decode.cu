@@ -921,10 +921,10 @@ __global__ void __launch_bounds__(Warps * 32)
 // most short_context_keys keys (16 chunks of 16), a block of short_warps warps (grid (rows, kv
 // heads)) holds the whole row in shared memory and:
 // - before the wait: looks up every key's slot (lanes 0-15 the keys of chunk w, lanes 16-31
-//   those of chunk w + 8: one block-table round trip) and copies the keys cached before this
-//   step (all of them, or with `late` only chunk w, chunk w + 8 after the wait), zero-filling
-//   keys past the row; loads its lane's q/k norm weights and computes cos/sin of its RoPE
-//   angles (the position is batch metadata);
+//   those of chunk w + 8: one block-table round trip) and copies every key cached before this
+//   step, both of a warp's chunks (the second copied after the wait lost 3.5% on the 0.6B:
+//   docs/benchmarks.md), zero-filling keys past the row; loads its lane's q/k norm weights and
+//   computes cos/sin of its RoPE angles (the position is batch metadata);
 // - after it: every warp transforms the group's q heads itself (one load round trip, the
 //   rotation pairs in-lane: transform_lane), so no barrier stands between the transform and the
 //   scores; the warp holding the own key's chunk also transforms k and copies v, into its chunk
@@ -950,11 +950,9 @@ struct ShortLayout {
   static_assert((8 * D + 16) * 4 <= warp_elems * 2, "the combine fits a warp's buffers");
 };
 
-// mode: 1 = the kernel (every cached key copied before the wait), 2 = the second chunk's copies
-// after the wait; 9 = measurement only: waits, writes zeros, skips the attention (wrong results).
 template <int D>
 __global__ void __launch_bounds__(short_warps * 32, 1)
-    attention_decode_short_kernel(const QkAttentionParams params, int mode) {
+    attention_decode_short_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
   using Lay = ShortLayout<D>;
   const AttentionParams& p = params.attn;
@@ -980,11 +978,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   bf16* const s_q = reinterpret_cast<bf16*>(smem_raw + Lay::kv_bytes) + warp * group * D;  // [group][D]
   const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
   bf16* const out = static_cast<bf16*>(p.out) + row * out_stride + static_cast<std::int64_t>(kvh) * group * D;
-  if (mode == 9) {  // measurement only
-    grid_dependency_wait();
-    for (int i = tid; i < group * D; i += short_warps * 32) out[i] = __float2bfloat16_rn(0.0f);
-    return;
-  }
 
   // Slots: lane l looks up key l % 16 of chunk w + 8 (l / 16); -1 past the row (zero-filled),
   // -2 the own key (written by the transform, not copied).
@@ -1014,9 +1007,8 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
       if (o != -2) copy_async16_zfill(stage + is_v * Lay::chunk_elems + swz<D>(key, c), src, o >= 0);
     }
   };
-  const bool late = mode == 2;
   if (mine > 0) copy_chunk(0);
-  if (mine > 1 && !late) copy_chunk(1);
+  if (mine > 1) copy_chunk(1);
   copy_async_commit();
 
   // The transform's inputs that no kernel of this step writes.
@@ -1037,8 +1029,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   }
 
   grid_dependency_wait();
-  if (mine > 1 && late) copy_chunk(1);
-  copy_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
@@ -1487,20 +1477,16 @@ void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
              static_cast<std::size_t>(DecodeLayout<D, Stages, wide_warps>::ring_bytes), stream, qp);
 }
 
-// XSERV_CUDA_ATTN_SHORT (read at every call): the one-pass kernel (attention_decode_short_kernel)
-// for the folded launches of the short-context rule: 1 (default) every cached key copied before
-// the dependency wait, 2 a warp's second chunk after it, 0 the mma kernel (8 warps, 2 buffers) as
-// before; 9 is for measurement only (the kernel writes zeros and skips the attention: wrong
-// results; the step's time without it).
-int short_mode() noexcept {
+// XSERV_CUDA_ATTN_SHORT (read at every call): 1 (default) the one-pass kernel
+// (attention_decode_short_kernel) for the folded launches of the short-context rule, 0 the mma
+// kernel (8 warps, 2 buffers) as before.
+bool short_enabled() noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_SHORT");
-  if (env == nullptr) return 1;
-  const int v = std::atoi(env);
-  return v == 0 || v == 2 || v == 9 ? v : 1;
+  return env == nullptr || std::atoi(env) != 0;
 }
 
 template <int D>
-void launch_short(cudaStream_t stream, const QkAttentionParams& qp, int mode) {
+void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
   static const auto kernel = [] {
     auto* k = attention_decode_short_kernel<D>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1510,7 +1496,7 @@ void launch_short(cudaStream_t stream, const QkAttentionParams& qp, int mode) {
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
   launch_pdl(kernel, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),
-             static_cast<std::size_t>(ShortLayout<D>::smem_bytes(group)), stream, qp, mode);
+             static_cast<std::size_t>(ShortLayout<D>::smem_bytes(group)), stream, qp);
 }
 
 template <int D, bool Fused>
@@ -1524,9 +1510,8 @@ void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
     // The short-context rule's folded launches (one split of at most short_context_keys keys, the
     // ring depth not forced): the one-pass kernel unless XSERV_CUDA_ATTN_SHORT=0.
     if constexpr (Fused) {
-      const int mode = short_mode();
-      if (mode != 0 && p.attn.num_splits == 1 && p.attn.split_size <= short_context_keys && mma_stages() == 0) {
-        launch_short<D>(stream, p, mode);
+      if (short_enabled() && p.attn.num_splits == 1 && p.attn.split_size <= short_context_keys && mma_stages() == 0) {
+        launch_short<D>(stream, p);
         return;
       }
     }
