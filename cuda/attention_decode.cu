@@ -1001,6 +1001,267 @@ __global__ void __launch_bounds__(Warps * 32)
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays too)
 }
 
+// ---- Short-context decode in one pass (XSERV_CUDA_ATTN_SHORT, the short-context rule's path) ----
+// The folded mma kernel above, at batch 1 over ~140 keys, is a chain of latencies after its
+// grid_dependency_wait: the q/k transform (a load of the head, its norm weights and RoPE
+// frequencies, sincos, a staging round through shared memory), a block barrier, the copy of the
+// chunk holding the row's own key (written to the cache by another warp, read back through L2),
+// one or two chunks a warp walked one after the other (an online-softmax rescale between them),
+// then two block barriers around the combine. Here, for one-split launches over a bucket of at
+// most short_context_keys keys (16 chunks of 16), a block of short_warps warps (grid (rows, kv
+// heads)) holds the whole row in shared memory and:
+// - before the wait: looks up every key's slot (lanes 0-15 the keys of chunk w, lanes 16-31
+//   those of chunk w + 8: one block-table round trip) and copies every key cached before this
+//   step, both of a warp's chunks (the second copied after the wait lost 3.5% on the 0.6B:
+//   docs/benchmarks.md), zero-filling keys past the row; loads its lane's q/k norm weights and
+//   computes cos/sin of its RoPE angles (the position is batch metadata);
+// - after it: every warp transforms the group's q heads itself (one load round trip, the
+//   rotation pairs in-lane: transform_lane), so no barrier stands between the transform and the
+//   scores; the warp holding the own key's chunk also transforms k and copies v, into its chunk
+//   in shared memory (and into the cache for later steps) rather than reading them back;
+// - scores of its one or two chunks (up to 32 keys) at once, one softmax over them (no rescale),
+//   P V over both;
+// - its (m, l, O) into its own chunk buffers (no barrier to free them), one block barrier, and
+//   the combine over the warps in warp order (deterministic: graph replays equal eager steps).
+// Same fragments, masks and roundings as the mma kernel (P rounded to bf16, the sum of the
+// rounded values; base-2 softmax with the scale folded in).
+constexpr int short_warps = 8;
+constexpr int short_chunks = short_context_keys / chunk_keys;  // 16: two a warp
+static_assert(short_chunks == 2 * short_warps, "two chunks a warp");
+
+template <int D>
+struct ShortLayout {
+  static constexpr int chunk_elems = chunk_keys * D;        // one K or V chunk, bf16
+  static constexpr int warp_elems = 2 * 2 * chunk_elems;    // a warp's two chunks, K and V
+  static constexpr int kv_bytes = short_warps * warp_elems * 2;
+  // Then each warp's copy of the group's transformed q heads, group x D bf16.
+  static constexpr int smem_bytes(int group) { return kv_bytes + short_warps * group * D * 2; }
+  // The combine reuses a warp's chunk buffers: 8 rows x D outputs + (m, l) of 8 rows, f32.
+  static_assert((8 * D + 16) * 4 <= warp_elems * 2, "the combine fits a warp's buffers");
+};
+
+template <int D>
+__global__ void __launch_bounds__(short_warps * 32, 1)
+    attention_decode_short_kernel(const QkAttentionParams params) {
+  using bf16 = __nv_bfloat16;
+  using Lay = ShortLayout<D>;
+  const AttentionParams& p = params.attn;
+  const QkTransformParams& t = params.qk;
+  constexpr int pieces = D / 8;               // 16-byte pieces of a K or V row
+  constexpr int rows_per_copy = 32 / pieces;  // rows one warp-wide cp.async covers (2 or 4)
+  constexpr int copies = 2 * chunk_keys / rows_per_copy;  // cp.async per lane and chunk
+  constexpr int ksteps = D / 16, dtiles = D / 8, per_lane = D / 32, pairs = D / 64;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int row = blockIdx.x, kvh = blockIdx.y;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
+  const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
+  const int q_len = p.query_start[seq + 1] - p.query_start[seq];
+  const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
+  const int own = n_keys - 1;  // this step's key: its k and v come from the transform
+  const int n_chunks = (n_keys + chunk_keys - 1) / chunk_keys;  // <= short_chunks (the launch's rule)
+  const int mine = (n_chunks > warp) + (n_chunks > warp + short_warps);  // chunks w, w + 8
+  const bool owner = mine > 0 && own / chunk_keys % short_warps == warp;
+  bf16* const region = reinterpret_cast<bf16*>(smem_raw) + warp * Lay::warp_elems;  // [chunk][K, V][16][D]
+  bf16* const s_q = reinterpret_cast<bf16*>(smem_raw + Lay::kv_bytes) + warp * group * D;  // [group][D]
+  const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
+  bf16* const out = static_cast<bf16*>(p.out) + row * out_stride + static_cast<std::int64_t>(kvh) * group * D;
+
+  // Slots: lane l looks up key l % 16 of chunk w + 8 (l / 16); -1 past the row (zero-filled),
+  // -2 the own key (written by the transform, not copied).
+  const bf16* kc = static_cast<const bf16*>(p.k_cache);
+  const bf16* vc = static_cast<const bf16*>(p.v_cache);
+  long long off = -1;
+  {
+    const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
+    const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+    const int bs = p.block_size;
+    if (key == own) {
+      off = -2;
+    } else if (key < own) {
+      const bool pow2 = (bs & (bs - 1)) == 0;
+      const int blk = pow2 ? key >> (__ffs(bs) - 1) : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
+      off = ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
+    }
+  }
+  auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
+    bf16* stage = region + j * 2 * Lay::chunk_elems;
+    const int c = lane % pieces;
+#pragma unroll
+    for (int n = 0; n < copies; ++n) {
+      const int r = n * rows_per_copy + lane / pieces, key = r >> 1, is_v = r & 1;
+      const long long o = __shfl_sync(0xffffffffu, off, j * chunk_keys + key);
+      const bf16* src = (is_v ? vc : kc) + (o >= 0 ? o + c * 8 : 0);
+      if (o != -2) copy_async16_zfill(stage + is_v * Lay::chunk_elems + swz<D>(key, c), src, o >= 0);
+    }
+  };
+  if (mine > 0) copy_chunk(0);
+  if (mine > 1) copy_chunk(1);
+  copy_async_commit();
+
+  // The transform's inputs that no kernel of this step writes.
+  const float pos = static_cast<float>(t.positions[row]);
+  const std::int64_t slot = t.slot_mapping[row];
+  const bool norm = t.q_norm != nullptr;  // Qwen3: both norms or neither
+  float qw[per_lane], kw[per_lane], cs[pairs], sn[pairs];
+#pragma unroll
+  for (int j = 0; j < per_lane; ++j) {
+    qw[j] = norm ? to_f32(static_cast<const bf16*>(t.q_norm)[lane + 32 * j]) : 0.0f;
+    kw[j] = t.k_norm != nullptr ? to_f32(static_cast<const bf16*>(t.k_norm)[lane + 32 * j]) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < pairs; ++j) {
+    const float angle = t.rope ? pos * t.inv_freq[lane + 32 * j] : 0.0f;
+    cs[j] = cosf(angle);
+    sn[j] = sinf(angle);
+  }
+
+  grid_dependency_wait();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  unsigned qf[ksteps][2];
+  float o[dtiles][4];
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m = -CUDART_INF_F, l = 0.0f;
+  if (mine > 0) {  // warp-uniform
+    // The group's q heads (and, for the owner, k and v): every load first, one round trip.
+    const bf16* qkv_row = static_cast<const bf16*>(t.qkv) + static_cast<std::int64_t>(row) * t.qkv_stride;
+    float x[8][per_lane], xk[per_lane];
+    bf16 xv[per_lane];
+#pragma unroll
+    for (int h = 0; h < 8; ++h)
+      if (h < group)
+#pragma unroll
+        for (int j = 0; j < per_lane; ++j) x[h][j] = to_f32(qkv_row[(kvh * group + h) * D + lane + 32 * j]);
+    if (owner) {
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) {
+        xk[j] = to_f32(qkv_row[(p.n_q_heads + kvh) * D + lane + 32 * j]);
+        xv[j] = qkv_row[(p.n_q_heads + p.n_kv_heads + kvh) * D + lane + 32 * j];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 8; ++h) {
+      if (h < group) {
+        transform_lane<bf16, D>(x[h], qw, cs, sn, norm, t.rope, t.norm_eps);
+#pragma unroll
+        for (int j = 0; j < per_lane; ++j) s_q[h * D + lane + 32 * j] = __float2bfloat16_rn(x[h][j]);
+      }
+    }
+    if (owner) {
+      transform_lane<bf16, D>(xk, kw, cs, sn, t.k_norm != nullptr, t.rope, t.norm_eps);
+      const int j_own = own / chunk_keys >= short_warps ? 1 : 0, r_own = own % chunk_keys;
+      bf16* sk = region + j_own * 2 * Lay::chunk_elems;
+      bf16* sv = sk + Lay::chunk_elems;
+      bf16* gk = static_cast<bf16*>(t.k_cache) + (slot * p.n_kv_heads + kvh) * D;
+      bf16* gv = static_cast<bf16*>(t.v_cache) + (slot * p.n_kv_heads + kvh) * D;
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) {
+        const int i = lane + 32 * j;
+        const bf16 kb = __float2bfloat16_rn(xk[j]);
+        sk[swz<D>(r_own, i >> 3) + (i & 7)] = kb;
+        sv[swz<D>(r_own, i >> 3) + (i & 7)] = xv[j];
+        gk[i] = kb;
+        gv[i] = xv[j];
+      }
+    }
+    __syncwarp();  // q (and the own k/v) visible to the warp's lanes
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_q[g * D + 16 * k + 2 * t4]) : 0u;
+      qf[k][1] = g < group ? *reinterpret_cast<const unsigned*>(&s_q[g * D + 16 * k + 8 + 2 * t4]) : 0u;
+    }
+    copy_async_wait<0>();
+    __syncwarp();  // every lane's copies landed
+
+    // Scores of both chunks at once: s[2 j + n] is n-tile n (keys 8n ..) of chunk j.
+    float s[4][4] = {};
+#pragma unroll
+    for (int k = 0; k < ksteps; ++k) {
+      const int key = (lane & 7) + ((lane >> 4) << 3);
+      const unsigned a[4] = {qf[k][0], 0u, qf[k][1], 0u};
+      unsigned b[4];
+      ldsm_x4(smem_addr(region + swz<D>(key, 2 * k + ((lane >> 3) & 1))), b);
+      mma_bf16(s[0], a, b[0], b[1]);
+      mma_bf16(s[1], a, b[2], b[3]);
+      if (mine > 1) {
+        ldsm_x4(smem_addr(region + 2 * Lay::chunk_elems + swz<D>(key, 2 * k + ((lane >> 3) & 1))), b);
+        mma_bf16(s[2], a, b[0], b[1]);
+        mma_bf16(s[3], a, b[2], b[3]);
+      }
+    }
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int key0 = (warp + short_warps * (n >> 1)) * chunk_keys + (n & 1) * 8 + 2 * t4;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (n >= 2 * mine || key0 + e >= n_keys) s[n][e] = -CUDART_INF_F;
+        mx = fmaxf(mx, s[n][e]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float scale_log2 = p.scale * 1.4426950408889634f;
+    m = mx * scale_log2;  // finite: chunk w holds at least one key
+    unsigned pp[4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      pp[n] = pack_bf16(fast_exp2(fmaf(s[n][0], scale_log2, -m)), fast_exp2(fmaf(s[n][1], scale_log2, -m)));
+      l += bf16_lo(pp[n]) + bf16_hi(pp[n]);
+    }
+    const int vkey = (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j < mine) {
+        const unsigned a[4] = {pp[2 * j], 0u, pp[2 * j + 1], 0u};
+        const bf16* sv = region + j * 2 * Lay::chunk_elems + Lay::chunk_elems;
+#pragma unroll
+        for (int dp = 0; dp < dtiles / 2; ++dp) {
+          unsigned b[4];
+          ldsm_x4_trans(smem_addr(sv + swz<D>(vkey, 2 * dp + (lane >> 4))), b);
+          mma_bf16(o[2 * dp], a, b[0], b[1]);
+          mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+  }
+  copy_async_wait<0>();  // nothing may land in the buffers the combine reuses
+  __syncwarp();          // every lane is done with this warp's buffers
+
+  // (m, l, O) of the warp's rows into its own buffers, then across warps in warp order.
+  float* s_o = reinterpret_cast<float*>(region);  // [8][D], then (m, l) of 8 rows
+#pragma unroll
+  for (int j = 0; j < dtiles; ++j)
+    *reinterpret_cast<float2*>(&s_o[g * D + j * 8 + 2 * t4]) = make_float2(o[j][0], o[j][1]);
+  if (t4 == 0) s_o[8 * D + 2 * g] = m, s_o[8 * D + 2 * g + 1] = l;
+  __syncthreads();
+  for (int idx = tid; idx < group * D; idx += short_warps * 32) {
+    const int h = idx / D, d = idx % D;
+    float mw[short_warps];
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < short_warps; ++w) {
+      mw[w] = reinterpret_cast<const float*>(smem_raw + static_cast<std::size_t>(w) * Lay::warp_elems * 2)[8 * D + 2 * h];
+      mx = fmaxf(mx, mw[w]);
+    }
+    float sum = 0.0f, val = 0.0f;
+#pragma unroll
+    for (int w = 0; w < short_warps; ++w) {
+      const float* so = reinterpret_cast<const float*>(smem_raw + static_cast<std::size_t>(w) * Lay::warp_elems * 2);
+      const float a = mw[w] == -CUDART_INF_F ? 0.0f : fast_exp2(mw[w] - mx);
+      sum += so[8 * D + 2 * h + 1] * a;
+      val += so[h * D + d] * a;
+    }
+    out[h * D + d] = __float2bfloat16_rn(sum > 0.0f ? val / sum : 0.0f);
+  }
+}
+
 // Combines the splits of one (row, head): grid (T, n_q_heads), merge_threads threads. Long
 // contexts have a hundred splits and more, so the loops over splits run across the block (a
 // loop of dependent L2 round trips per thread took ~0.5 us a split): the maxima and weights in
@@ -1306,6 +1567,28 @@ void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
              static_cast<std::size_t>(DecodeLayout<D, Stages, wide_warps>::ring_bytes), stream, qp);
 }
 
+// XSERV_CUDA_ATTN_SHORT (read at every call): 1 (default) the one-pass kernel
+// (attention_decode_short_kernel) for the folded launches of the short-context rule, 0 the mma
+// kernel (8 warps, 2 buffers) as before.
+bool short_enabled() noexcept {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_SHORT");
+  return env == nullptr || std::atoi(env) != 0;
+}
+
+template <int D>
+void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
+  static const auto kernel = [] {
+    auto* k = attention_decode_short_kernel<D>;
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          ShortLayout<D>::smem_bytes(8)));
+    return k;
+  }();
+  const AttentionParams& p = qp.attn;
+  const int group = p.n_q_heads / p.n_kv_heads;
+  launch_pdl(kernel, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),
+             static_cast<std::size_t>(ShortLayout<D>::smem_bytes(group)), stream, qp);
+}
+
 template <int D, bool Fused>
 void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
   if (head_warps_launch(D, static_cast<std::int64_t>(p.attn.num_tokens) * p.attn.n_kv_heads, device_sm_count())) {
@@ -1314,6 +1597,14 @@ void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
     return;
   }
   if (launch_warps(p.attn) == wide_warps) {
+    // The short-context rule's folded launches (one split of at most short_context_keys keys, the
+    // ring depth not forced): the one-pass kernel unless XSERV_CUDA_ATTN_SHORT=0.
+    if constexpr (Fused) {
+      if (short_enabled() && p.attn.num_splits == 1 && p.attn.split_size <= short_context_keys && mma_stages() == 0) {
+        launch_short<D>(stream, p);
+        return;
+      }
+    }
     if (mma_stages() == 3) launch_mma<D, 3, Fused, wide_warps>(stream, p);
     else launch_mma<D, 2, Fused, wide_warps>(stream, p);
     return;

@@ -16,7 +16,9 @@ namespace xserv::cuda {
 // Every global load of the head (its values, the norm weights, the RoPE frequencies) is issued
 // first, into registers, so the transform waits for one round trip instead of three in a row: it
 // sits on the critical path of a decode layer (qk_transform_store, or the fused decode attention).
-// Lane l owns elements l, l + 32, ...; the sums run in that order, as before.
+// Lane l owns elements l, l + 32, ...; the sums run in that order, as before. The fused
+// multiply-adds are written out (__fmaf_rn / __fmul_rn) so transform_lane below rounds exactly
+// as this does whatever the compiler would contract in either context.
 template <typename T>
 __device__ __forceinline__ void transform_head(const QkTransformParams& p, const T* src, T* dst,
                                                float* stage, const T* norm, float pos, int lane) {
@@ -38,7 +40,7 @@ __device__ __forceinline__ void transform_head(const QkTransformParams& p, const
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < per_lane; ++j)
-      if (lane + 32 * j < D) sq += x[j] * x[j];
+      if (lane + 32 * j < D) sq = __fmaf_rn(x[j], x[j], sq);
     const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(D) + p.norm_eps);
 #pragma unroll
     for (int j = 0; j < per_lane; ++j) x[j] = to_f32(from_f32<T>(to_f32(from_f32<T>(x[j] * rstd)) * w[j]));
@@ -55,8 +57,8 @@ __device__ __forceinline__ void transform_head(const QkTransformParams& p, const
         const float angle = pos * freq[j];
         const float c = cosf(angle), sn = sinf(angle);
         const float x1 = stage[i], x2 = stage[i + half];
-        dst[i] = from_f32<T>(x1 * c - x2 * sn);
-        dst[i + half] = from_f32<T>(x2 * c + x1 * sn);
+        dst[i] = from_f32<T>(__fmaf_rn(x1, c, -__fmul_rn(x2, sn)));
+        dst[i + half] = from_f32<T>(__fmaf_rn(x2, c, __fmul_rn(x1, sn)));
       }
     }
   } else {
@@ -65,6 +67,41 @@ __device__ __forceinline__ void transform_head(const QkTransformParams& p, const
       if (lane + 32 * j < D) dst[lane + 32 * j] = from_f32<T>(x[j]);
   }
   __syncwarp();  // the warp's next head reuses the stage
+}
+
+// The same transform for a compile-time head_dim D of 64 or 128 with its per-lane inputs given
+// (the fused short-context decode attention loads the norm weights and computes the RoPE
+// cos/sin before its grid_dependency_wait, so only x arrives after it). Lane l owns elements
+// l + 32 j, j < D / 32, as transform_head; with D / 2 a multiple of 32 the rotation partner of
+// element l + 32 j (j < D / 64) is l + 32 (j + D / 64), held by the same lane, so no staging in
+// shared memory is needed. Same sums in the same order, same roundings: the results equal
+// transform_head's. w: the norm weights (unused when !norm); c, s: cos and sin of
+// pos * inv_freq[l + 32 j] (unused when !rope). x in, the rounded outputs (in f32) out.
+template <typename T, int D>
+__device__ __forceinline__ void transform_lane(float (&x)[D / 32], const float (&w)[D / 32],
+                                               const float (&c)[D / 64], const float (&s)[D / 64],
+                                               bool norm, bool rope, float eps) {
+  constexpr int per_lane = D / 32, pairs = D / 64;
+  static_assert(D == 64 || D == 128, "rotation pairs within a lane");
+  if (norm) {
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) sq = __fmaf_rn(x[j], x[j], sq);
+    const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(D) + eps);
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) x[j] = to_f32(from_f32<T>(to_f32(from_f32<T>(x[j] * rstd)) * w[j]));
+  }
+  if (rope) {
+#pragma unroll
+    for (int j = 0; j < pairs; ++j) {
+      const float x1 = x[j], x2 = x[j + pairs];
+      x[j] = to_f32(from_f32<T>(__fmaf_rn(x1, c[j], -__fmul_rn(x2, s[j]))));
+      x[j + pairs] = to_f32(from_f32<T>(__fmaf_rn(x2, c[j], __fmul_rn(x1, s[j]))));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) x[j] = to_f32(from_f32<T>(x[j]));
+  }
 }
 
 }  // namespace xserv::cuda

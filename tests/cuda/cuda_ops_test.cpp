@@ -1206,6 +1206,88 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
   }
 }
 
+// The one-pass short-context decode kernel (attention_decode_short_kernel: the short-context
+// rule's launches through qk_attention, XSERV_CUDA_ATTN_SHORT) against the CPU backend's prologue
+// and attention (run_attention_case with one_op, the tolerance of the folded mma kernel). Then
+// exactly: its k and v cache rows equal the folded mma kernel's (XSERV_CUDA_ATTN_SHORT=0: the
+// same transform, transform_lane against transform_head), and its output is the same on a second
+// launch over the same inputs (no order depends on timing). Rows of 1-256 keys around the 16-key chunks, a warp's second chunk (129+)
+// and the 256-key bucket, in batches of 8 rows and single rows; GQA 1, 2, 3, 4, 5, 8; head_dim 64
+// and 128; cache blocks of 16 and 5 keys.
+TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(34);
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  const Seqs rows_a = {{1, 1}, {1, 15}, {1, 16}, {1, 17}, {1, 127}, {1, 128}, {1, 129}, {1, 256}};
+  const Seqs rows_b = {{1, 2}, {1, 31}, {1, 32}, {1, 33}, {1, 143}, {1, 144}, {1, 145}, {1, 255}};
+  const Seqs one_a = {{1, 140}}, one_b = {{1, 256}}, one_c = {{1, 1}};
+  const HeadGeometry geoms[] = {{16, 8, 128}, {32, 8, 128}, {8, 1, 64}, {12, 12, 64},
+                                {40, 8, 128}, {24, 8, 128}, {16, 2, 64}, {8, 8, 128}};
+  {
+    const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", nullptr);  // read at every call: the default
+    for (const auto& g : geoms) {
+      for (const Seqs* seqs : {&rows_a, &rows_b, &one_a, &one_b, &one_c}) {
+        for (std::int32_t bs : {16, 5}) {
+          INFO("heads " << g.n_q_heads << "/" << g.n_kv_heads << " d " << g.head_dim << " rows " << seqs->size()
+                        << " last context " << seqs->back().second << " block " << bs);
+          run_attention_case(be, rng, DType::bf16, {g, true, true, *seqs}, bs, true, false);
+        }
+      }
+    }
+  }
+
+  // Exact comparisons: the same inputs (a fresh copy of one generator state) through each form.
+  struct Result {
+    std::vector<float> out, k, v;
+  };
+  const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode) {
+    const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", mode);
+    std::mt19937 r(seed);
+    Paged p = make_batch(r, bs, seqs);
+    const std::int64_t d = g.head_dim, width = g.qkv_width(), t = p.batch.num_tokens();
+    const Shape cshape{p.num_blocks, bs, g.n_kv_heads, d};
+    auto kc = randn(r, static_cast<std::size_t>(cshape.numel()));
+    auto vc = randn(r, kc.size());
+    auto qkv = randn(r, static_cast<std::size_t>(t * width));
+    auto qn = randn(r, static_cast<std::size_t>(d), 0.3f), kn = randn(r, static_cast<std::size_t>(d), 0.3f);
+    for (auto& v : qn) v += 1.0f;
+    for (auto& v : kn) v += 1.0f;
+    QkTransform tr;
+    tr.rope = true;
+    tr.rope_theta = 1000000.0f;
+    tr.norm_eps = 1e-6f;
+    tr.q_norm = be.gpu_tensor(qn, DType::bf16, {d});
+    tr.k_norm = be.gpu_tensor(kn, DType::bf16, {d});
+    KvLayer cache{be.gpu_tensor(kc, DType::bf16, cshape), be.gpu_tensor(vc, DType::bf16, cshape)};
+    const DeviceBatch gb = be.gpu->upload_batch(p.batch);
+    Tensor gout = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    be.gpu->qk_attention(gout, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
+    Result res{be.read(gout), be.read(cache.k), be.read(cache.v)};
+    if (mode == nullptr || std::string_view(mode) != "0") {  // a second launch over the same inputs
+      Tensor again = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
+      be.gpu->qk_attention(again, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
+      REQUIRE(be.read(again) == res.out);
+    }
+    return res;
+  };
+  std::uint32_t seed = 100;
+  for (const auto& g : {HeadGeometry{16, 8, 128}, HeadGeometry{32, 8, 128}, HeadGeometry{8, 1, 64}}) {
+    for (const Seqs* seqs : {&rows_a, &rows_b, &one_a}) {
+      for (std::int32_t bs : {16, 5}) {
+        INFO("exact: heads " << g.n_q_heads << "/" << g.n_kv_heads << " d " << g.head_dim << " rows "
+                             << seqs->size() << " block " << bs);
+        ++seed;
+        const Result one = run(seed, g, *seqs, bs, nullptr);
+        const Result mma = run(seed, g, *seqs, bs, "0");
+        REQUIRE(one.k == mma.k);
+        REQUIRE(one.v == mma.v);
+      }
+    }
+  }
+}
+
 // Batched decode (issue 10) on the bf16 mma kernel's one-kv-head-a-warp form against the CPU
 // backend, at the tolerance of the test above (run_attention_case): forced
 // (XSERV_CUDA_ATTN_HEAD_WARPS=1) through the two ops (exact_inputs) and through qk_attention with
