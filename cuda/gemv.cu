@@ -853,7 +853,7 @@ GemvTuning tuning_from_env() noexcept {
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
-  t.norm_persist = get("XSERV_CUDA_GEMV_NORM_PERSIST") == 1;
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) t.norm_persist = std::atoi(v) == 1 ? 1 : 0;
   return t;
 }
 
@@ -902,7 +902,12 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const bool pdl = gemv_pdl(weight_bytes);
   const dim3 block(warps * 32);
   if constexpr (M == 1 && Norm) {
-    if (tune.norm_persist) {
+    // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
+    // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830);
+    // Qwen3-8B's 4096-wide rows lost with it (232.7 against 234.7), f32 (GPT-2) was not measured.
+    const bool persist = tune.norm_persist == 1 ||
+                         (tune.norm_persist < 0 && std::is_same_v<T, bf16> && p.k <= 2048);
+    if (persist) {
       // As many blocks as fit an SM (registers and the normalised row), at most one a group.
       int per_sm = 1;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,

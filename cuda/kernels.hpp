@@ -131,7 +131,8 @@ struct GemvTuning {
   bool bulk_wide = false;
   int norm_occ = 0;
   bool evict_first = false;
-  bool norm_persist = false;
+  // -1 (default): on for bf16 rows of up to 2048 elements (gemv.cu says why); 0 off; 1 on.
+  int norm_persist = -1;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
