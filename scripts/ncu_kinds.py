@@ -11,16 +11,14 @@ import csv
 import re
 import sys
 
+import ncu_table  # beside this script: the kernel-name shortening
+
 SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
          "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "KB": 1e-3, "MB": 1.0, "GB": 1e3}
 
 
 def short(name):
-    name = re.sub(r"^void ", "", name)
-    name = re.sub(r"xserv::cuda::(\(anonymous namespace\)::)?", "", name)
-    name = re.sub(r"\(.*\)$", "", name)
-    name = name.replace("__nv_bfloat16", "bf16")
-    return name[:64]
+    return ncu_table.short(name).replace("__nv_bfloat16", "bf16")[:64]
 
 
 def main(path):

@@ -580,6 +580,15 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             Tensor gout;
             // wpr -1: the same product under the defaults, for the bit-for-bit comparison.
             std::vector<float> defaults;
+            const auto run_keeping_defaults = [&](const auto& run) {
+              if (wpr < 0) {
+                cuda::gemv_tuning() = tuning(0);
+                run();
+                defaults = be.read(gout);
+                cuda::gemv_tuning() = tuning(wpr);
+              }
+              run();
+            };
             if (norm) {
               std::vector<float> h(x.size()), y(static_cast<std::size_t>(rows));
               be.cpu.rms_norm_gemm(host_view(want, {1, c.n}), host_view(x, {1, c.k}), host_view(g, {c.k}), 1e-6f,
@@ -591,13 +600,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
                                       be.gpu_tensor(w, dt, {rows, c.k}), swiglu, be.gpu_poisoned(dt, {1, c.k}),
                                       swiglu ? be.gpu_poisoned(dt, {1, rows}) : Tensor());
               };
-              if (wpr < 0) {
-                cuda::gemv_tuning() = tuning(0);
-                run();
-                defaults = be.read(gout);
-                cuda::gemv_tuning() = tuning(wpr);
-              }
-              run();
+              run_keeping_defaults(run);
             } else {
               const float beta = variant == 0 ? 1.0f : 0.0f;
               want = out0;
@@ -608,13 +611,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
                 be.gpu->gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(w, dt, {c.n, c.k}),
                              WeightLayout::out_in, Tensor(), beta, 0);
               };
-              if (wpr < 0) {
-                cuda::gemv_tuning() = tuning(0);
-                run();
-                defaults = be.read(gout);
-                cuda::gemv_tuning() = tuning(wpr);
-              }
-              run();
+              run_keeping_defaults(run);
             }
             if (wpr < 0) {
               const bool same = be.read(gout) == defaults;  // tolerance 0: the same bits
