@@ -364,8 +364,9 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
   if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
   if (const char* env = std::getenv("XSERV_CUDA_RESID_SPLITS")) {
+    // At most 8 parts either way (the kN rule's bound): the f32 partials are parts x 256 rows x N.
     if (env[0] == 'k') resid_part_k_ = std::max(0, std::atoi(env + 1));
-    else resid_splits_ = std::max(0, std::atoi(env));
+    else resid_splits_ = std::clamp(std::atoi(env), 0, 8);
   }
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
