@@ -3,6 +3,7 @@
 // run in a different order), bf16 ~1e-2 (one bf16 rounding of the result, 2^-8 relative,
 // plus the rounding of intermediates the GPU keeps in bf16).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <string_view>
@@ -488,7 +489,7 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
                               c.swiglu ? host_view(y, {c.m, c.rows}) : Tensor());
     const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gwr = be.gpu_tensor(wr, dt, {c.n, c.k}),
                  gg = be.gpu_tensor(g, dt, {c.n}), gw = be.gpu_tensor(w, dt, {c.rows, c.n});
-    std::vector<float> base_x, base_out;  // the separate ops' (gpus[0])
+    std::vector<float> base_out;  // the separate ops' (gpus[0])
     for (std::size_t bi = 0; bi < gpus.size(); ++bi) {
       INFO("XSERV_CUDA_RESID_SPLITS=" << split_values[bi]);
       Backend& b = *gpus[bi];
@@ -505,22 +506,29 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
       }
       CHECK(runs_x[0] == runs_x[1]);
       CHECK(runs_out[0] == runs_out[1]);
-      // x: one bf16 rounding of the f32 sum; out: the GPU rounds x, h (and silu) as HF does.
-      require_close(runs_x[0], want_x, 1e-2, 1e-2);
+      // x: one bf16 rounding of the f32 sum, so every element is within one bf16 ulp of the CPU's
+      // f32 value (the K parts' f32 sum and the CPU's differ in order only, ~1e-5 here: the
+      // absolute 1e-4 covers it where x cancels towards 0). The separate ops (cuBLASLt, bf16 C,
+      // beta = 1) may round twice, which one ulp also covers; the fraction of x that equals the
+      // separate ops' bits (~80% on the H200, 2026-12-03) is not a property of either and is not
+      // checked. out: the GPU rounds x, h (and silu) as HF does.
+      std::size_t past = 0;
+      double worst = 0;  // in bf16 ulps of the CPU's value
+      for (std::size_t i = 0; i < want_x.size(); ++i) {
+        const float ref = want_x[i];
+        const float ulp = ref == 0.0f ? 0.0f : std::ldexp(1.0f, std::ilogb(ref) - 7);
+        const double err = std::fabs(static_cast<double>(runs_x[0][i]) - ref);
+        if (ulp > 0) worst = std::max(worst, err / ulp);
+        past += err > ulp + 1e-4;
+      }
+      INFO("x elements past one bf16 ulp + 1e-4: " << past << " of " << want_x.size() << "; worst " << worst
+                                                     << " ulp");
+      CHECK(past == 0);
       require_close(runs_out[0], want, 2.5e-2, 2e-2);
       if (bi == 0) {
-        base_x = runs_x[0];
         base_out = runs_out[0];
         continue;
       }
-      // Against the separate ops: x rounds the same in most places. Measured on the H200
-      // (2026-12-03, serve-1): 79.9-80.5% of x the same bits in every case, at 1 part as at 2-4,
-      // so the difference is not the order of the parts but how the separate ops' cuBLASLt GEMM
-      // (bf16 C, beta = 1) rounds (not looked into); both are within the tolerance of the CPU's
-      // f32 sum above. The first threshold (90%) assumed f32 order only and failed.
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < base_x.size(); ++i) same += runs_x[0][i] == base_x[i];
-      CHECK(static_cast<double>(same) >= 0.75 * static_cast<double>(base_x.size()));
       require_close(runs_out[0], base_out, 2.5e-2, 2e-2);
     }
   }
@@ -782,6 +790,32 @@ Paged make_batch(std::mt19937& rng, std::int32_t block_size,
   return p;
 }
 
+// Random attention inputs over a paged batch, drawn in one order (the batch, the caches, q|k|v,
+// the q and k norm weights) and rounded through dt: the cache starts random, as the cached prefix
+// of chunked prefills and decodes does.
+struct AttnInputs {
+  Paged paged;
+  Shape cache_shape;
+  std::vector<float> k_cache, v_cache, qkv, q_norm, k_norm;
+};
+
+AttnInputs make_attn_inputs(std::mt19937& rng, DType dt, const HeadGeometry& g, std::int32_t block_size,
+                            const std::vector<std::pair<std::int32_t, std::int32_t>>& seqs) {
+  AttnInputs in;
+  in.paged = make_batch(rng, block_size, seqs);
+  const std::int64_t d = g.head_dim;
+  in.cache_shape = Shape{in.paged.num_blocks, block_size, g.n_kv_heads, d};
+  in.k_cache = randn(rng, static_cast<std::size_t>(in.cache_shape.numel()));
+  in.v_cache = randn(rng, in.k_cache.size());
+  in.qkv = randn(rng, static_cast<std::size_t>(in.paged.batch.num_tokens() * g.qkv_width()));
+  in.q_norm = randn(rng, static_cast<std::size_t>(d), 0.3f);
+  in.k_norm = randn(rng, static_cast<std::size_t>(d), 0.3f);
+  for (auto& v : in.q_norm) v += 1.0f;
+  for (auto& v : in.k_norm) v += 1.0f;
+  for (auto* v : {&in.k_cache, &in.v_cache, &in.qkv, &in.q_norm, &in.k_norm}) round_through(*v, dt);
+  return in;
+}
+
 struct AttnCase {
   HeadGeometry geom;
   bool norm, rope;
@@ -803,17 +837,12 @@ void run_attention_case(GpuCpu& be, std::mt19937& rng, DType dt, const AttnCase&
   REQUIRE(!(one_op && exact_inputs));  // exact_inputs reads the GPU's q back
   const HeadGeometry& g = ac.geom;
   const std::int64_t d = g.head_dim, width = g.qkv_width();
-  Paged p = make_batch(rng, bs, ac.seqs);
+  AttnInputs in = make_attn_inputs(rng, dt, g, bs, ac.seqs);
+  const Paged& p = in.paged;
   const std::int64_t t = p.batch.num_tokens();
-  const Shape cshape{p.num_blocks, bs, g.n_kv_heads, d};
-  // The cache starts random (the cached prefix of chunked prefills and decodes).
-  auto kc = randn(rng, static_cast<std::size_t>(cshape.numel()));
-  auto vc = randn(rng, kc.size());
-  auto qkv = randn(rng, static_cast<std::size_t>(t * width));
-  auto qn = randn(rng, static_cast<std::size_t>(d), 0.3f), kn = randn(rng, static_cast<std::size_t>(d), 0.3f);
-  for (auto& v : qn) v += 1.0f;
-  for (auto& v : kn) v += 1.0f;
-  for (auto* v : {&kc, &vc, &qkv, &qn, &kn}) round_through(*v, dt);
+  const Shape cshape = in.cache_shape;
+  const auto &kc = in.k_cache, &vc = in.v_cache, &qkv = in.qkv;
+  auto &qn = in.q_norm, &kn = in.k_norm;  // host_view wants mutable storage
   QkTransform ctr, gtr;
   ctr.rope = gtr.rope = ac.rope;
   ctr.rope_theta = gtr.rope_theta = 1000000.0f;
@@ -1241,15 +1270,11 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
   const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode) {
     const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", mode);
     std::mt19937 r(seed);
-    Paged p = make_batch(r, bs, seqs);
+    const AttnInputs in = make_attn_inputs(r, DType::bf16, g, bs, seqs);
+    const Paged& p = in.paged;
     const std::int64_t d = g.head_dim, width = g.qkv_width(), t = p.batch.num_tokens();
-    const Shape cshape{p.num_blocks, bs, g.n_kv_heads, d};
-    auto kc = randn(r, static_cast<std::size_t>(cshape.numel()));
-    auto vc = randn(r, kc.size());
-    auto qkv = randn(r, static_cast<std::size_t>(t * width));
-    auto qn = randn(r, static_cast<std::size_t>(d), 0.3f), kn = randn(r, static_cast<std::size_t>(d), 0.3f);
-    for (auto& v : qn) v += 1.0f;
-    for (auto& v : kn) v += 1.0f;
+    const Shape& cshape = in.cache_shape;
+    const auto &kc = in.k_cache, &vc = in.v_cache, &qkv = in.qkv, &qn = in.q_norm, &kn = in.k_norm;
     QkTransform tr;
     tr.rope = true;
     tr.rope_theta = 1000000.0f;
