@@ -5,7 +5,8 @@
 # and Qwen3-8B serving if time is left. Sourced by a request's run.sh, which may define
 # run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V ...]`) and sets the variants:
 # "name:ENV=V,ENV=V" words in GB_VARIANTS / SERVE_VARIANTS / SERVE8_VARIANTS (run in that order;
-# a name alone runs the defaults).
+# a name alone runs the defaults). In a serving variant MBT=N is serve_bench's --max-batch-tokens
+# (default 2048).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -37,9 +38,10 @@ gb() {  # variant word, model
   echo "$(ts) gb $2 $n [$s]: ms/step $(grep -hE '^\| [0-9]' "$OUT"/gb_${2}_$n.*.txt | tail -3 | awk -F'|' '{printf "%s/", $5}' | tr -d ' ')"
 }
 sb() {  # variant word, model, concurrency
-  local n s; n=$(name "$1"); s=$(settings "$1")
+  local n s kv mbt=2048; n=$(name "$1"); s=$(settings "$1")
+  for kv in $s; do case $kv in MBT=*) mbt=${kv#MBT=} ;; esac; done
   env $s timeout 40 "$S" --dummy-weights --config "bench/configs/$2.json" --device cuda --concurrency "$3" \
-    --max-batch-tokens 2048 >"$OUT/sb_${2}_$n.$(date -u +%H%M%S).txt" 2>&1
+    --max-batch-tokens "$mbt" >"$OUT/sb_${2}_$n.$(date -u +%H%M%S).txt" 2>&1
   local f; f=$(ls -t "$OUT"/sb_${2}_$n.*.txt | head -1)
   echo "$(ts) serve $2 $n [$s]: tok/s $(grep -E '^\| [0-9]' "$f" | awk -F'|' '{printf "%s/", $3}' | tr -d ' ')" \
     "decode-only ms $(grep -oE '[0-9.]+ ms each' "$f" | awk '{printf "%s/", $1}')"
