@@ -8,6 +8,11 @@
 //               [--gpu-memory-fraction F] [--tp N]
 //
 // --tp N splits the model over N ranks (tensor parallelism: GPUs 0 .. N-1, docs/parallel.md).
+// --max-batch-tokens (tokens a step, prompt chunks and decodes; the model's workspace is sized
+// for it) defaults to 16384: 128 requests of 128 tokens at once prefill in one step instead of
+// nine 2048-token chunks and end together instead of in groups over the last steps (H200,
+// Qwen3-1.7B 128 at once +6.5%, 64 +4.4%, Qwen3-8B 128 +5.2% against 2048; docs/benchmarks.md,
+// issue 10, "Where a serving run's time goes").
 //
 // Workloads (random prompt ids, greedy, eos ignored, so every request runs gen-len tokens):
 // - all at once: for each N of --concurrency, N requests submitted before the first step;
@@ -215,7 +220,7 @@ int main(int argc, char** argv) try {
   const std::string& dir = model_dir.path();
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
-  mo.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : 2048;
+  mo.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : 16384;
   auto group = ModelGroup::load(dir, bench::parallel_options(o.device, o.tp, 0), mo);
   Model* model = &group->leader();
   Backend* backend = &model->backend();

@@ -222,7 +222,11 @@ struct QkTransformParams {
   std::int32_t rows = 0, n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
   float inv_freq[max_head_dim / 2] = {};  // RoPE inverse frequencies, computed on the host in f32
 };
+// Launches of XSERV_CUDA_QK_ROWS rows or more (default 257: prompt chunks) take the many-rows
+// kernel (head_dim 64 or 128), the others one head a warp; both write the same bits.
 void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformParams& p);
+// The same with the kernel chosen (tests); other head_dims than 64 and 128 take one head a warp.
+void launch_qk_transform_store(cudaStream_t stream, DType dt, const QkTransformParams& p, bool rows_kernel);
 
 // attention_decode.cu / attention_prefill.cu
 struct AttentionParams {

@@ -6,7 +6,7 @@
 # run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V ...]`) and sets the variants:
 # "name:ENV=V,ENV=V" words in GB_VARIANTS / SERVE_VARIANTS / SERVE8_VARIANTS (run in that order;
 # a name alone runs the defaults). In a serving variant MBT=N is serve_bench's --max-batch-tokens
-# (default 2048).
+# (unset: serve_bench's default, 16384 since 2026-12-04; 2048 before).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -38,10 +38,10 @@ gb() {  # variant word, model
   echo "$(ts) gb $2 $n [$s]: ms/step $(grep -hE '^\| [0-9]' "$OUT"/gb_${2}_$n.*.txt | tail -3 | awk -F'|' '{printf "%s/", $5}' | tr -d ' ')"
 }
 sb() {  # variant word, model, concurrency
-  local n s kv mbt=2048; n=$(name "$1"); s=$(settings "$1")
-  for kv in $s; do case $kv in MBT=*) mbt=${kv#MBT=} ;; esac; done
+  local n s kv mbt=(); n=$(name "$1"); s=$(settings "$1")
+  for kv in $s; do case $kv in MBT=*) mbt=(--max-batch-tokens "${kv#MBT=}") ;; esac; done
   env $s timeout 40 "$S" --dummy-weights --config "bench/configs/$2.json" --device cuda --concurrency "$3" \
-    --max-batch-tokens "$mbt" >"$OUT/sb_${2}_$n.$(date -u +%H%M%S).txt" 2>&1
+    ${mbt[@]+"${mbt[@]}"} >"$OUT/sb_${2}_$n.$(date -u +%H%M%S).txt" 2>&1
   local f; f=$(ls -t "$OUT"/sb_${2}_$n.*.txt | head -1)
   echo "$(ts) serve $2 $n [$s]: tok/s $(grep -E '^\| [0-9]' "$f" | awk -F'|' '{printf "%s/", $3}' | tr -d ' ')" \
     "decode-only ms $(grep -oE '[0-9.]+ ms each' "$f" | awk '{printf "%s/", $1}')"

@@ -971,6 +971,64 @@ TEST_CASE("cuda qk_transform_store and paged attention: prefill, chunked prefill
   run_attention_cases(be, rng, cases, false);
 }
 
+TEST_CASE("cuda qk_transform_store: the many-rows kernel writes the one-head-a-warp kernel's bits", "[cuda]") {
+  // The launcher picks by row count (XSERV_CUDA_QK_ROWS), so a sequence's K/V and q must not
+  // depend on which kernel ran: same inputs through both, every output compared bit for bit
+  // (the case above compares the default choice with the CPU backend). Positions up to 9000
+  // exercise the RoPE angles' range; rows past 4 heads a warp's multiple (12, 40 heads).
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(77);
+  const std::vector<std::pair<std::int32_t, std::int32_t>> mixed = {
+      {5, 5}, {70, 100}, {1, 37}, {1, 9000}, {130, 130}, {64, 64}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> decode = {{1, 1}, {1, 40}, {1, 300}};
+  const AttnCase cases[] = {{{16, 8, 128}, true, true, mixed},  {{32, 8, 128}, true, true, decode},
+                            {{8, 1, 64}, true, true, mixed},    {{4, 4, 64}, false, false, mixed},
+                            {{8, 1, 64}, false, true, decode},  {{24, 8, 128}, true, false, mixed},
+                            {{12, 4, 64}, true, true, decode}};
+  const auto stream = static_cast<cudaStream_t>(be.gpu->native_stream());
+  for (DType dt : kActs) {
+    for (const AttnCase& c : cases) {
+      const HeadGeometry& g = c.geom;
+      INFO(dtype_name(dt) << " heads " << g.n_q_heads << "/" << g.n_kv_heads << " d " << g.head_dim
+                          << " norm " << c.norm << " rope " << c.rope << " seqs " << c.seqs.size());
+      AttnInputs in = make_attn_inputs(rng, dt, g, 16, c.seqs);
+      const std::int64_t t = in.paged.batch.num_tokens(), d = g.head_dim;
+      const DeviceBatch gb = be.gpu->upload_batch(in.paged.batch);
+      const Tensor qn = be.gpu_tensor(in.q_norm, dt, {d}), kn = be.gpu_tensor(in.k_norm, dt, {d});
+      std::vector<float> out[2][3];  // [kernel][qkv, k cache, v cache]
+      for (int rows_kernel = 0; rows_kernel < 2; ++rows_kernel) {
+        const Tensor qkv = be.gpu_tensor(in.qkv, dt, {t, g.qkv_width()});
+        const Tensor kc = be.gpu_tensor(in.k_cache, dt, in.cache_shape), vc = be.gpu_tensor(in.v_cache, dt, in.cache_shape);
+        cuda::QkTransformParams p;
+        p.qkv = qkv.data;
+        p.qkv_stride = g.qkv_width();
+        p.q_norm = c.norm ? qn.data : nullptr;
+        p.k_norm = c.norm ? kn.data : nullptr;
+        p.norm_eps = 1e-6f;
+        p.rope = c.rope;
+        p.positions = gb.positions.as<std::int32_t>();
+        p.slot_mapping = gb.slot_mapping.as<std::int32_t>();
+        p.k_cache = kc.data;
+        p.v_cache = vc.data;
+        p.rows = static_cast<std::int32_t>(t);
+        p.n_q_heads = g.n_q_heads;
+        p.n_kv_heads = g.n_kv_heads;
+        p.head_dim = g.head_dim;
+        for (std::int64_t i = 0; i < d / 2; ++i)
+          p.inv_freq[i] = 1.0f / std::pow(1000000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+        cuda::launch_qk_transform_store(stream, dt, p, rows_kernel == 1);
+        out[rows_kernel][0] = be.read(qkv);
+        out[rows_kernel][1] = be.read(kc);
+        out[rows_kernel][2] = be.read(vc);
+      }
+      CHECK(out[0][0] == out[1][0]);
+      CHECK(out[0][1] == out[1][1]);
+      CHECK(out[0][2] == out[1][2]);
+    }
+  }
+}
+
 TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks against the CPU", "[cuda]") {
   // Decode batches with contexts up to the fused path's 1024-key bound (one block per kv head
   // and row walks every key: 1, a partial first block, several warps' worth, block-size edges)
