@@ -353,16 +353,10 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   // cuBLASLt algorithms of the batched-decode row buckets timed during the load's warm-up
   // (cuda/gemm.hpp; off by default, measured no faster): XSERV_CUDA_GEMM_TUNE=N times the
   // heuristic's first N (0: the heuristic's first everywhere), XSERV_CUDA_GEMM_TUNE_SPLITK=0
-  // leaves out the split-K variants, XSERV_CUDA_GEMM_TUNE_ROWS=[MIN-]MAX the row buckets timed
-  // (default 16-256; 512-16384: prefill's alone).
+  // leaves out the split-K variants.
   GemmTuning gemm_tuning = default_gemm_tuning;
   if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE")) gemm_tuning.candidates = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE_SPLITK")) gemm_tuning.split_k = std::string_view(env) != "0";
-  if (const char* env = std::getenv("XSERV_CUDA_GEMM_TUNE_ROWS")) {
-    const char* dash = std::strchr(env, '-');
-    if (dash != nullptr) gemm_tuning.min_rows = std::atoll(env);
-    gemm_tuning.max_rows = std::atoll(dash != nullptr ? dash + 1 : env);
-  }
   gemm_ = std::make_unique<Gemm>(stream_, work_, gemm_tuning);
   if (const char* env = std::getenv("XSERV_CUDA_GEMV")) use_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_ROWS")) skinny_rows_ = std::atoll(env);

@@ -11,9 +11,8 @@ namespace xserv::cuda {
 
 namespace {
 constexpr std::size_t workspace_bytes = 32u << 20;
-// Tuning: the row buckets of batched decode (9..256 rows, per 32 rows; prefill's larger buckets
-// keep the heuristic unless GemmTuning::max_rows takes them too: their GEMMs are compute-bound
-// and lengthen the load); replays per candidate
+// Tuning: the row buckets of batched decode (9..256 rows; prefill's larger buckets keep the
+// heuristic, their GEMMs are compute-bound and would lengthen the load); replays per candidate
 // (the median decides); at most this many weight copies per pass; how much faster than the
 // heuristic's first a candidate must be; split-K variants: of how many of the best candidates,
 // which splits, and only for weights up to twice the L2 cache (larger ones fill the GPU and
@@ -89,8 +88,7 @@ void Gemm::set_tuning(bool on) {
 // issue 10, "cuBLASLt algorithms by measurement").
 std::int64_t Gemm::bucket_rows(std::int64_t m) const noexcept {
   if (m <= 8) return m;
-  if (tune_config_.candidates >= 2 && tune_config_.min_rows <= tune_max_bucket && m > tune_min_bucket &&
-      m <= tune_max_bucket)
+  if (tune_config_.candidates >= 2 && m > tune_min_bucket && m <= tune_max_bucket)
     return (m + tune_bucket_step - 1) / tune_bucket_step * tune_bucket_step;
   std::int64_t b = 16;
   while (b < m) b *= 2;
@@ -207,9 +205,7 @@ std::vector<cublasLtMatmulAlgo_t> Gemm::candidates(const Plan& p, cublasLtMatrix
 
 bool Gemm::tunable(const Key& bucket) const {
   const std::int64_t rows = std::get<3>(bucket);
-  if (!tuning_ || tune_config_.candidates < 2 || rows < std::max(tune_min_bucket, tune_config_.min_rows) ||
-      rows > tune_config_.max_rows)
-    return false;
+  if (!tuning_ || tune_config_.candidates < 2 || rows < tune_min_bucket || rows > tune_max_bucket) return false;
   // Timing needs events and a host wait, which a stream being captured into a graph forbids.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
   return cudaStreamIsCapturing(stream_, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone;

@@ -39,11 +39,6 @@ namespace xserv::cuda {
 struct GemmTuning {
   int candidates = 0;   // the heuristic's first this many are timed
   bool split_k = true;  // and split-K variants of its best few
-  // Row buckets timed: min_rows .. max_rows. 16 .. 256 are batched decode's; a larger max_rows
-  // times prefill's power-of-two buckets (512 ..) too, and a min_rows past 256 those alone
-  // (XSERV_CUDA_GEMM_TUNE_ROWS, an experiment of issue 10: prompt chunks of 2048-16384 tokens
-  // are a quarter to a third of a serving run's time).
-  std::int64_t min_rows = 16, max_rows = 256;
 };
 // The CUDA backend's: off. Measured on the H200 (docs/benchmarks.md, issue 10, "cuBLASLt
 // algorithms by measurement"): at the 64 and 128 rows of serving 64 / 128 requests at once the
@@ -74,12 +69,12 @@ class Gemm {
   void run_split_k(DType dt, float* partials, const void* a, const void* w, std::int64_t m, std::int64_t n,
                    std::int64_t k, int splits);
 
-  // While on, the algorithm of a tunable row bucket (min_rows .. max_rows) first met at exactly its
-  // bucket's row count (outside graph capture) is chosen by timing; off frees the tuning scratch. The model's
+  // While on, the algorithm of a tunable row bucket first met at exactly its bucket's row count
+  // (outside graph capture) is chosen by timing; off frees the tuning scratch. The model's
   // warm-up turns it on (Backend::set_warming_up), so no request pays for the measurements.
   void set_tuning(bool on);
   // The row count whose algorithm a GEMM of m rows uses: m itself up to 8 rows, then the next
-  // power of two, except 17..256 rows, which go per 32 rows when their tuning is configured. The
+  // power of two, except 17..256 rows, which go per 32 rows when tuning is configured. The
   // warm-up's forwards meet every tuned bucket at its own row count.
   std::int64_t bucket_rows(std::int64_t m) const noexcept;
   // Row buckets whose algorithm was chosen by timing so far (tests and benchmarks).

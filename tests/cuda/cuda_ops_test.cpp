@@ -296,34 +296,6 @@ TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture 
     CHECK(captured.tuned_buckets() == 1);
   }
   (void)cudaStreamDestroy(stream);
-
-  // Prefill buckets (power-of-two rows past 256) are timed only up to max_rows; a row count
-  // inside a timed bucket (768 in 1024) runs its algorithm or the exact shape's heuristic.
-  {
-    cuda::Gemm wide(static_cast<cudaStream_t>(be.gpu->native_stream()), be.gpu->allocator(),
-                    cuda::GemmTuning{3, false, 16, 1024});
-    CHECK(wide.bucket_rows(768) == 1024);
-    CHECK(wide.bucket_rows(100) == 128);
-    // Prefill's buckets alone: decode's rows keep the power-of-two buckets of the heuristic.
-    CHECK(cuda::Gemm(static_cast<cudaStream_t>(be.gpu->native_stream()), be.gpu->allocator(),
-                     cuda::GemmTuning{3, false, 512, 1024})
-              .bucket_rows(72) == 128);
-    wide.set_tuning(true);
-    for (const Case& c : {Case{512, 1024, 768, WeightLayout::out_in}, Case{1024, 512, 2048, WeightLayout::out_in},
-                          Case{768, 1024, 768, WeightLayout::out_in}, Case{2048, 512, 256, WeightLayout::out_in}}) {
-      INFO("bf16 m=" << c.m << " k=" << c.k << " n=" << c.n);
-      const std::size_t before = wide.tuned_buckets();
-      const Inputs in = make(DType::bf16, c, true, false);
-      run(wide, DType::bf16, c, in, true, false);
-      check(DType::bf16, c, in);
-      // Timed at its own bucket's rows (one count, unless the heuristic offered one algorithm
-      // only); nothing timed inside a bucket or past max_rows.
-      if (c.m == 768 || c.m == 2048) CHECK(wide.tuned_buckets() == before);
-      else CHECK(wide.tuned_buckets() <= before + 1);
-    }
-    CHECK(wide.tuned_buckets() > 0);
-    wide.set_tuning(false);
-  }
 }
 
 TEST_CASE("cuda skinny gemm: which products take the tensor-core kernel", "[cuda]") {
