@@ -18,8 +18,11 @@
 // norm weights and the row's cos/sin are computed before the dependency wait and once for 4
 // heads, the 4 heads' loads are in flight together, and each lane owns elements l + 32 j as
 // transform_head does (transform_lane: the same sums in the same order, the same roundings), so
-// both kernels write the same bits. XSERV_CUDA_QK_ROWS=N: launches of N rows or more take it
-// (default 257: above batched decode's 256; 0: never).
+// both kernels write the same bits. Measured (H200, docs/benchmarks.md, issue 10, 2026-12-04):
+// 429 -> 178 us a layer on that chunk; serving 1.7B 128 at once +1.4% with 16384-token steps,
+// +4% with 2048-token ones. XSERV_CUDA_QK_ROWS=N: launches of N rows or more take it (default
+// 257: above batched decode's 256, where taking it too measured -1.5% at 64 rows and +0.1-0.9%
+// at 128; 0: never).
 #include <cstdlib>
 
 #include "cuda/common.cuh"
