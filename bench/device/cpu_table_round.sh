@@ -5,17 +5,18 @@
 # the bytes it reads per token and the streaming-read ceiling of the same cores (stream_read_bench
 # --prefetch both:32, read the way the GEMVs read, no huge pages; TABLE_HUGE=1 for
 # XSERV_CPU_HUGEPAGES=1). Then, with the time left, one per-op profile of GPT-2's 8-thread decode
-# step, GPT-2 at 8 threads against the variants in CMP (interleaved), and the streaming ceiling
-# under other prefetch modes (SWEEP).
+# step, GPT-2 at 8 threads against the variants in CMP and Qwen3-0.6B against those in Q8_CMP
+# (interleaved), and the streaming ceiling under other prefetch modes (SWEEP).
 #   OUT=... bash bench/device/cpu_table_round.sh        (from the repository root; a request's
 #   run.sh under `timeout 200`: BUDGET 188 s, build and tests included)
 # Runs per table row: GPT2_RUNS, Q06_RUNS (default 3), Q17_RUNS (default 2; one Qwen3-1.7B run at 2
-# threads is ~15 s); the rows of one model interleave. G8_RUNS runs of the GPT-2 comparison
-# (default 3), CMP its variants ("label:VAR=v[,VAR=v] ...").
+# threads is ~15 s); the rows of one model interleave. G8_RUNS runs of each comparison (default
+# 3); CMP and Q8_CMP their variants ("label:VAR=v[,VAR=v] ...", Q8_CMP empty: no Qwen3 block).
 # Time per block (seconds, each also cut to what the budget has left): GPT2_S, Q06_S, Q17_S, G8_S.
 export BUDGET=${BUDGET:-188} B=${B:-/tmp/bcpu}
-export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_GROUP_KB=64 XSERV_CPU_GEMV_L1_KB=12}
-CMP=${CMP:-l1_12:XSERV_CPU_GEMV_L1_KB=12 l1_24:XSERV_CPU_GEMV_L1_KB=24 pf_both64:XSERV_CPU_GEMV_PREFETCH=both:64}
+export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_HEAD=1 XSERV_CPU_GEMV_L1_KB=12}
+CMP=${CMP:-head:XSERV_CPU_GEMV_HEAD=1 l1_12:XSERV_CPU_GEMV_L1_KB=12}
+Q8_CMP=${Q8_CMP:-head:XSERV_CPU_GEMV_HEAD=1}
 SWEEP=${SWEEP:-l2:32 both:64 both:128 l1}
 # Bytes a decode token reads (MB): every weight once (the tied embedding as the lm_head; GPT-2's
 # position table but one row is not read) plus the K/V cache at ~144 keys (the 32 steps' middle).
@@ -47,6 +48,7 @@ plan() {
   table | tee -a "$OUT/summary.md"
   profile gpt2_8 "" gpt2 8   # where GPT-2's 8-thread decode step goes (profiles.md)
   RUNS=${G8_RUNS:-3} probe g8 "$(block gpt2:8 "$CMP")" ${G8_S:-30}
+  [ -z "$Q8_CMP" ] || RUNS=${G8_RUNS:-3} probe q8 "$(block qwen3-0.6b:8 "$Q8_CMP")" ${G8_S:-30}
   # The ceiling under other prefetch modes (the first line per core count above is both:32).
   for n in 2 8; do
     for pf in $SWEEP; do stream $n --mb 1024 --repeat 5 --prefetch "$pf" --huge $hp; done

@@ -198,16 +198,20 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
         }
 }
 
-// The decode GEMV's L1 prefetch distance (GemmProblem::gemv_l1_ahead, XSERV_CPU_GEMV_L1_KB) and
-// narrow column ranges (XSERV_CPU_GEMV_GROUP_KB's 4-column groups) change which lines are
-// prefetched and which thread writes a column, never a column's sum: every kernel table, every
-// weight dtype, 1-8 rows; bit-identical to one call over all columns with the rule before.
-TEST_CASE("cpu GEMV: L1 prefetch distances and 4-column ranges give the same bits", "[cpu]") {
+// The decode GEMV's L1 prefetch distance (GemmProblem::gemv_l1_ahead, XSERV_CPU_GEMV_L1_KB), the
+// tile head's L2 prefetch (gemv_prefetch_head, XSERV_CPU_GEMV_HEAD; tiles shorter and longer
+// than the L2 distance) and narrow column ranges (XSERV_CPU_GEMV_GROUP_KB's 4-column groups)
+// change which lines are prefetched and which thread writes a column, never a column's sum:
+// every kernel table, every weight dtype, 1-8 rows; bit-identical to one call over all columns
+// with the rule before.
+TEST_CASE("cpu GEMV: prefetch distances, tile heads and 4-column ranges give the same bits",
+          "[cpu]") {
   std::mt19937 rng(11);
   struct Case {
     std::int64_t m, k, n;
   };
-  const Case cases[] = {{1, 3072, 23}, {1, 300, 37}, {2, 768, 17}, {3, 129, 21}, {5, 1024, 9}, {8, 40, 13}};
+  const Case cases[] = {{1, 3072, 23}, {1, 300, 37}, {2, 768, 17},
+                        {3, 129, 21},  {5, 1024, 9}, {8, 40, 13}};
   std::vector<float> scratch_store(static_cast<std::size_t>(cpu::gemm_scratch_floats + 16));
   float* scratch = reinterpret_cast<float*>(
       (reinterpret_cast<std::uintptr_t>(scratch_store.data()) + 63) & ~std::uintptr_t{63});
@@ -231,18 +235,21 @@ TEST_CASE("cpu GEMV: L1 prefetch distances and 4-column ranges give the same bit
         std::vector<float> want(static_cast<std::size_t>(c.m * c.n), NAN);
         p.out = want.data();
         kt->gemm_tile(p, 0, c.m, 0, c.n, scratch);
-        for (const std::int64_t ahead : {std::int64_t{64}, std::int64_t{1000}, std::int64_t{12 * 1024},
-                                         std::int64_t{1} << 20})
-          for (const std::int64_t piece : {std::int64_t{4}, c.n}) {
-            INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
-                         << " l1 ahead=" << ahead << " piece=" << piece);
-            std::vector<float> got(want.size(), NAN);
-            p.out = got.data();
-            p.gemv_l1_ahead = ahead;
-            for (std::int64_t n0 = 0; n0 < c.n; n0 += piece)
-              kt->gemm_tile(p, 0, c.m, n0, std::min(c.n, n0 + piece), scratch);
-            REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
-          }
+        for (const std::int64_t ahead :
+             {std::int64_t{64}, std::int64_t{1000}, std::int64_t{12 * 1024}, std::int64_t{1} << 20})
+          for (const std::int64_t piece : {std::int64_t{4}, c.n})
+            for (const bool head : {false, true}) {
+              INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n
+                           << " w=" << dtype_name(wt) << " l1 ahead=" << ahead << " piece=" << piece
+                           << " head=" << head);
+              std::vector<float> got(want.size(), NAN);
+              p.out = got.data();
+              p.gemv_l1_ahead = ahead;
+              p.gemv_prefetch_head = head;
+              for (std::int64_t n0 = 0; n0 < c.n; n0 += piece)
+                kt->gemm_tile(p, 0, c.m, n0, std::min(c.n, n0 + piece), scratch);
+              REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+            }
       }
 }
 

@@ -133,6 +133,18 @@ std::int64_t gemv_l1_ahead() {
   return bytes;
 }
 
+// XSERV_CPU_GEMV_HEAD=1 (read once; default 0): each out_in GEMV tile prefetches its first L2
+// distance (XSERV_CPU_GEMV_PREFETCH's KB) into L2 before its loop (GemmProblem::
+// gemv_prefetch_head). A guided GEMV hands each thread several pieces, and each began with that
+// much read at the L1 prefetch's pace.
+bool gemv_prefetch_head() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMV_HEAD");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
 // Checks one GEMM's arguments (as gemm() documents them) and describes it; bias_f32 keeps a
 // converted bias alive.
 GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
@@ -184,6 +196,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;
   p.gemv_l1_ahead = gemv_l1_ahead();
+  p.gemv_prefetch_head = gemv_prefetch_head();
   return p;
 }
 

@@ -48,6 +48,11 @@ struct GemmProblem {
   // prefetch runs; 0: the same place in the next C rows (C * K weights ahead: 48 KB for GPT-2's
   // f32 mlp down projection, more than the L1 holds). XSERV_CPU_GEMV_L1_KB (cpu_gemm.cpp).
   std::int64_t gemv_l1_ahead = 0;
+  // A GEMV tile's first gemv_prefetch_l2 bytes prefetched into L2 before its loop starts
+  // (XSERV_CPU_GEMV_HEAD, cpu_gemm.cpp): the running L2 prefetch covers only what lies that far
+  // ahead, so without it every tile (a guided piece: several per thread per GEMV) begins with
+  // 32 KB read on demand and by the L1 prefetch alone.
+  bool gemv_prefetch_head = false;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
