@@ -17,7 +17,7 @@ export BUDGET=${BUDGET:-188} B=${B:-/tmp/bcpu}
 export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_HEAD=1 XSERV_CPU_GEMV_L1_KB=12}
 CMP=${CMP:-head:XSERV_CPU_GEMV_HEAD=1 l1_12:XSERV_CPU_GEMV_L1_KB=12}
 Q8_CMP=${Q8_CMP:-head:XSERV_CPU_GEMV_HEAD=1}
-SWEEP=${SWEEP:-l2:32 both:64 both:128 l1}
+SWEEP=${SWEEP:-off both:128 both:64 l2:32}
 # Bytes a decode token reads (MB): every weight once (the tied embedding as the lm_head; GPT-2's
 # position table but one row is not read) plus the K/V cache at ~144 keys (the 32 steps' middle).
 declare -A WEIGHT_MB=([gpt2]=494.6 [qwen3-0.6b]=1192.0 [qwen3-1.7b]=3441.0)
