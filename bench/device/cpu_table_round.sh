@@ -9,14 +9,15 @@
 # (interleaved), and the streaming ceiling under other prefetch modes (SWEEP).
 #   OUT=... bash bench/device/cpu_table_round.sh        (from the repository root; a request's
 #   run.sh under `timeout 200`: BUDGET 188 s, build and tests included)
-# Runs per table row: GPT2_RUNS, Q06_RUNS (default 3), Q17_RUNS (default 2; one Qwen3-1.7B run at 2
-# threads is ~15 s); the rows of one model interleave. G8_RUNS runs of each comparison (default
-# 3); CMP and Q8_CMP their variants ("label:VAR=v[,VAR=v] ...", Q8_CMP empty: no Qwen3 block).
-# Time per block (seconds, each also cut to what the budget has left): GPT2_S, Q06_S, Q17_S, G8_S.
+# Runs per table row: GPT2_RUNS, Q06_RUNS (default 3), Q17_RUNS (8 and 16 threads, default 2),
+# Q17_2_RUNS (2 threads, default 1: one run, its warm-up included, is ~20 s); the rows of one
+# block interleave. G8_RUNS runs of each comparison (default 3); CMP and Q8_CMP their variants
+# ("label:VAR=v[,VAR=v] ...", Q8_CMP empty: no Qwen3 block). Time per block (seconds, each also
+# cut to what the budget has left): GPT2_S, Q06_S, Q17_S, Q17_2_S, G8_S.
 export BUDGET=${BUDGET:-188} B=${B:-/tmp/bcpu}
-export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_HEAD=1 XSERV_CPU_GEMV_L1_KB=12}
-CMP=${CMP:-head:XSERV_CPU_GEMV_HEAD=1 l1_12:XSERV_CPU_GEMV_L1_KB=12}
-Q8_CMP=${Q8_CMP:-head:XSERV_CPU_GEMV_HEAD=1}
+export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_HEAD=2}
+CMP=${CMP:-head1:XSERV_CPU_GEMV_HEAD=1 head2:XSERV_CPU_GEMV_HEAD=2}
+Q8_CMP=${Q8_CMP:-$CMP}
 SWEEP=${SWEEP:-off both:128 both:64 l2:32}
 # Bytes a decode token reads (MB): every weight once (the tied embedding as the lm_head; GPT-2's
 # position table but one row is not read) plus the K/V cache at ~144 keys (the 32 steps' middle).
@@ -30,7 +31,7 @@ table() {  # the table from the rows: decode GB/s = (weights + K/V) MB x tok/s, 
   for m in gpt2 qwen3-0.6b qwen3-1.7b; do
     for n in 2 8 16; do
       local row ceil
-      row=$(grep -h "^| this | $m | $n | base |" "$OUT/rows_t_$m.md" 2>/dev/null | head -1)
+      row=$(cat "$OUT/rows_t_$m.md" "$OUT/rows_t_${m}_2.md" 2>/dev/null | grep "^| this | $m | $n | base |" | head -1)
       ceil=$(grep "stream read: $n threads," "$OUT/stream.txt" 2>/dev/null | head -1 | sed -n 's/.*best of [0-9]*: \([0-9.]*\) GB.*/\1/p')
       [ -n "$row" ] || { echo "| $m | $n | (not run) | | | | ${ceil:-} | | ${LLAMA[$m:$n]:-} |"; continue; }
       echo "$row" | awk -F'|' -v m="$m" -v n="$n" -v w="${WEIGHT_MB[$m]}" -v kv="${KV_MB[$m]}" -v c="${ceil:-0}" -v l="${LLAMA[$m:$n]:-}" '{
@@ -43,8 +44,9 @@ plan() {
   local hp=${TABLE_HUGE:-0}
   for n in 2 8 16; do stream $n --mb 1024 --repeat 5 --prefetch both:32 --huge $hp; done
   RUNS=${GPT2_RUNS:-3} probe t_gpt2 "$(block "gpt2:2 gpt2:8 gpt2:16" "")" ${GPT2_S:-32}
-  RUNS=${Q06_RUNS:-3} probe t_qwen3-0.6b "$(block "qwen3-0.6b:2 qwen3-0.6b:8 qwen3-0.6b:16" "")" ${Q06_S:-38}
-  RUNS=${Q17_RUNS:-2} probe t_qwen3-1.7b "$(block "qwen3-1.7b:2 qwen3-1.7b:8 qwen3-1.7b:16" "")" ${Q17_S:-50}
+  RUNS=${Q06_RUNS:-3} probe t_qwen3-0.6b "$(block "qwen3-0.6b:2 qwen3-0.6b:8 qwen3-0.6b:16" "")" ${Q06_S:-42}
+  RUNS=${Q17_RUNS:-2} probe t_qwen3-1.7b "$(block "qwen3-1.7b:8 qwen3-1.7b:16" "")" ${Q17_S:-32}
+  RUNS=${Q17_2_RUNS:-1} probe t_qwen3-1.7b_2 "$(block "qwen3-1.7b:2" "")" ${Q17_2_S:-30}
   table | tee -a "$OUT/summary.md"
   profile gpt2_8 "" gpt2 8   # where GPT-2's 8-thread decode step goes (profiles.md)
   RUNS=${G8_RUNS:-3} probe g8 "$(block gpt2:8 "$CMP")" ${G8_S:-30}

@@ -383,6 +383,41 @@ TEST_CASE("cpu gemm_parts matches a naive reference, one part per column range",
   }
 }
 
+// A decode GEMV large enough to be split (guided pieces claimed by 4 threads, run_gemv; with
+// XSERV_CPU_GEMV_HEAD=2 each thread claims its next piece ahead and streams across its pieces)
+// writes the bits one thread does: pieces are whole 16-column groups, and a column's sum never
+// depends on which thread or piece ran it. Parts of gemm_parts whose ends fall inside groups,
+// every kernel table and weight dtype, 1 and 3 rows.
+TEST_CASE("cpu GEMV split over threads gives one thread's bits, across parts", "[cpu]") {
+  std::mt19937 rng(23);
+  const std::int64_t k = 256;
+  const std::int64_t parts[] = {1000, 290, 310};  // 1.6 MB of f32 weights: ~100 groups
+  std::int64_t width = 0;
+  for (auto n : parts) width += n;
+  for (const auto* kt : cpu::supported_kernels()) {
+    CpuBackend one(BackendOptions{1, 0}, kt, false), four(BackendOptions{4, 0}, kt, false);
+    for (DType wt : kWeightTypes)
+      for (const std::int64_t m : {1, 3}) {
+        INFO(kt->isa << " w=" << dtype_name(wt) << " m=" << m);
+        auto a = random_floats(rng, static_cast<std::size_t>(m * k));
+        std::vector<TypedWeight> w;
+        std::vector<Tensor> views;
+        for (auto n : parts) w.push_back(make_weight(rng, static_cast<std::size_t>(n * k), wt));
+        for (std::size_t i = 0; i < w.size(); ++i) views.push_back(w[i].tensor({parts[i], k}));
+        std::vector<float> want(static_cast<std::size_t>(m * width), NAN), got = want;
+        one.gemm_parts(view(want, {m, width}), view(a, {m, k}), views, {});
+        four.gemm_parts(view(got, {m, width}), view(a, {m, k}), views, {});
+        REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+        // One weight alone (gemm): the first part's columns.
+        std::vector<float> first(static_cast<std::size_t>(m * parts[0]), NAN);
+        four.gemm(view(first, {m, parts[0]}), view(a, {m, k}), views[0], WeightLayout::out_in, {});
+        for (std::int64_t r = 0; r < m; ++r)
+          REQUIRE(std::memcmp(first.data() + r * parts[0], want.data() + r * width,
+                              static_cast<std::size_t>(parts[0]) * sizeof(float)) == 0);
+      }
+  }
+}
+
 TEST_CASE("cpu gemm_parts rejects parts that do not fill out and a wrong bias count", "[cpu]") {
   CpuBackend be(BackendOptions{2, 0});
   std::vector<float> a(6), w0(12), w1(6), out(14), bias(4);

@@ -53,6 +53,10 @@ struct GemmProblem {
   // ahead, so without it every tile (a guided piece: several per thread per GEMV) begins with
   // 32 KB read on demand and by the L1 prefetch alone.
   bool gemv_prefetch_head = false;
+  // Byte offset in w up to which an out_in GEMV tile's L2 prefetch may run when that is past the
+  // tile's own end (the rest of the caller's piece, run by the same thread next); 0: the tile's
+  // end.
+  std::int64_t gemv_prefetch_end = 0;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
