@@ -203,7 +203,7 @@ TEST_CASE("cpu prefill GEMM tiles: K tile depths, prefetch levels and the epilog
 // than the L2 distance) and narrow column ranges (XSERV_CPU_GEMV_GROUP_KB's 4-column groups)
 // change which lines are prefetched and which thread writes a column, never a column's sum:
 // every kernel table, every weight dtype, 1-8 rows; bit-identical to one call over all columns
-// with the rule before.
+// with the rule before (and with XSERV_CPU_GEMV_SEQ's kernel, to one call of that kernel).
 TEST_CASE("cpu GEMV: prefetch distances, tile heads and 4-column ranges give the same bits",
           "[cpu]") {
   std::mt19937 rng(11);
@@ -232,33 +232,59 @@ TEST_CASE("cpu GEMV: prefetch distances, tile heads and 4-column ranges give the
         p.bias = bias.data();
         p.ldo = c.n;
         p.gemv_prefetch_l2 = 32 * 1024;
-        std::vector<float> want(static_cast<std::size_t>(c.m * c.n), NAN);
-        p.out = want.data();
+        std::vector<float> rule_before(static_cast<std::size_t>(c.m * c.n), NAN);
+        p.out = rule_before.data();
         kt->gemm_tile(p, 0, c.m, 0, c.n, scratch);
-        for (const std::int64_t ahead :
-             {std::int64_t{64}, std::int64_t{1000}, std::int64_t{12 * 1024}, std::int64_t{1} << 20})
-          for (const std::int64_t piece : {std::int64_t{4}, c.n})
-            for (const bool head : {false, true}) {
-              INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n
-                           << " w=" << dtype_name(wt) << " l1 ahead=" << ahead << " piece=" << piece
-                           << " head=" << head);
-              std::vector<float> got(want.size(), NAN);
-              p.out = got.data();
-              p.gemv_l1_ahead = ahead;
-              p.gemv_prefetch_head = head;
-              for (std::int64_t n0 = 0; n0 < c.n; n0 += piece)
-                kt->gemm_tile(p, 0, c.m, n0, std::min(c.n, n0 + piece), scratch);
-              REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
-            }
+        // The one-row kernel that reads W rows in order (gemv_seq) sums in another order: within
+        // 2e-6 of the sum of |products| of the one above, and then the same bits under every
+        // prefetch and split, as that one.
+        for (const bool seq : {false, true}) {
+          std::vector<float> want = rule_before;
+          if (seq) {
+            p.out = want.data();
+            p.gemv_seq = true;
+            p.gemv_l1_ahead = 0;
+            p.gemv_prefetch_head = false;
+            kt->gemm_tile(p, 0, c.m, 0, c.n, scratch);
+            for (std::int64_t i = 0; i < c.m; ++i)
+              for (std::int64_t j = 0; j < c.n; ++j) {
+                double mag = 1.0;
+                for (std::int64_t k = 0; k < c.k; ++k)
+                  mag += std::abs(
+                      a[static_cast<std::size_t>(i * c.k + k)] *
+                      static_cast<double>(w.values[static_cast<std::size_t>(j * c.k + k)]));
+                const auto o = static_cast<std::size_t>(i * c.n + j);
+                INFO(kt->isa << " seq m=" << c.m << " k=" << c.k << " w=" << dtype_name(wt)
+                             << " col " << j);
+                REQUIRE(std::abs(want[o] - rule_before[o]) <= 2e-6 * mag);
+              }
+          }
+          for (const std::int64_t ahead : {std::int64_t{64}, std::int64_t{1000},
+                                           std::int64_t{12 * 1024}, std::int64_t{1} << 20})
+            for (const std::int64_t piece : {std::int64_t{4}, c.n})
+              for (const bool head : {false, true}) {
+                INFO(kt->isa << " m=" << c.m << " k=" << c.k << " n=" << c.n
+                             << " w=" << dtype_name(wt) << " l1 ahead=" << ahead
+                             << " piece=" << piece << " head=" << head << " seq=" << seq);
+                std::vector<float> got(want.size(), NAN);
+                p.out = got.data();
+                p.gemv_l1_ahead = ahead;
+                p.gemv_prefetch_head = head;
+                for (std::int64_t n0 = 0; n0 < c.n; n0 += piece)
+                  kt->gemm_tile(p, 0, c.m, n0, std::min(c.n, n0 + piece), scratch);
+                REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+              }
+        }
       }
 }
 
-TEST_CASE("cpu GEMV column groups: 16 columns, or narrower by 4 within XSERV_CPU_GEMV_GROUP_KB", "[cpu]") {
-  REQUIRE(cpu::gemv_group_cols(3072 * 4, 0) == 16);          // unset: 16 always
-  REQUIRE(cpu::gemv_group_cols(3072 * 4, 64 * 1024) == 4);   // GPT-2's f32 down: 48 KB groups
-  REQUIRE(cpu::gemv_group_cols(768 * 4, 64 * 1024) == 16);   // 48 KB already
+TEST_CASE("cpu GEMV column groups: 16 columns, or narrower by 4 within XSERV_CPU_GEMV_GROUP_KB",
+          "[cpu]") {
+  REQUIRE(cpu::gemv_group_cols(3072 * 4, 0) == 16);         // unset: 16 always
+  REQUIRE(cpu::gemv_group_cols(3072 * 4, 64 * 1024) == 4);  // GPT-2's f32 down: 48 KB groups
+  REQUIRE(cpu::gemv_group_cols(768 * 4, 64 * 1024) == 16);  // 48 KB already
   REQUIRE(cpu::gemv_group_cols(1024 * 2 * 3, 64 * 1024) == 8);
-  REQUIRE(cpu::gemv_group_cols(1 << 20, 64 * 1024) == 4);    // never under 4
+  REQUIRE(cpu::gemv_group_cols(1 << 20, 64 * 1024) == 4);  // never under 4
 }
 
 // The huge-page allocator (XSERV_CPU_HUGEPAGES=1, opt-in; read once per process, so the test

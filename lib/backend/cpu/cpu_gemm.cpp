@@ -147,6 +147,16 @@ int gemv_head_mode() {
   return mode;
 }
 
+// XSERV_CPU_GEMV_SEQ=1 (read once; default 0): a one-row GEMV over out_in weights reads its W
+// rows one after the other (GemmProblem::gemv_seq) instead of four in step.
+bool gemv_seq() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_GEMV_SEQ");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
 // Checks one GEMM's arguments (as gemm() documents them) and describes it; bias_f32 keeps a
 // converted bias alive.
 GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
@@ -199,6 +209,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.gemv_prefetch_l2 = gp.l2_bytes;
   p.gemv_l1_ahead = gemv_l1_ahead();
   p.gemv_prefetch_head = gemv_head_mode() > 0;
+  p.gemv_seq = gemv_seq();
   return p;
 }
 

@@ -57,6 +57,12 @@ struct GemmProblem {
   // tile's own end (the rest of the caller's piece, run by the same thread next); 0: the tile's
   // end.
   std::int64_t gemv_prefetch_end = 0;
+  // One activation row (M = 1, batch-1 decode) over out_in weights: the W rows one after the
+  // other, each read start to end with 4 accumulators, so a thread's weights are one sequential
+  // stream (as stream_read_bench reads), its L1 prefetch gemv_l1_ahead bytes ahead (4 KB when 0)
+  // and its L2 prefetch gemv_prefetch_l2 ahead. The default kernel reads C = 4 rows in step,
+  // four streams a row apart. XSERV_CPU_GEMV_SEQ (cpu_gemm.cpp).
+  bool gemv_seq = false;
 };
 
 // Rows up to which a GEMM runs as a GEMV: one pass over the weights, all rows at once.
