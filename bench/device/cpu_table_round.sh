@@ -15,8 +15,8 @@
 # ("label:VAR=v[,VAR=v] ...", Q8_CMP empty: no Qwen3 block). Time per block (seconds, each also
 # cut to what the budget has left): GPT2_S, Q06_S, Q17_S, Q17_2_S, G8_S.
 export BUDGET=${BUDGET:-188} B=${B:-/tmp/bcpu}
-export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_HEAD=2}
-CMP=${CMP:-head1:XSERV_CPU_GEMV_HEAD=1 head2:XSERV_CPU_GEMV_HEAD=2}
+export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_SEQ=1 XSERV_CPU_GEMV_HEAD=1}
+CMP=${CMP:-seq:XSERV_CPU_GEMV_SEQ=1 head:XSERV_CPU_GEMV_HEAD=1}
 Q8_CMP=${Q8_CMP:-$CMP}
 SWEEP=${SWEEP:-off both:128 both:64 l2:32}
 # Bytes a decode token reads (MB): every weight once (the tied embedding as the lm_head; GPT-2's

@@ -409,9 +409,8 @@ TEST_CASE("cpu gemm_parts matches a naive reference, one part per column range",
   }
 }
 
-// A decode GEMV large enough to be split (guided pieces claimed by 4 threads, run_gemv; with
-// XSERV_CPU_GEMV_HEAD=2 each thread claims its next piece ahead and streams across its pieces)
-// writes the bits one thread does: pieces are whole 16-column groups, and a column's sum never
+// A decode GEMV large enough to be split (guided pieces claimed by 4 threads, run_gemv) writes
+// the bits one thread does: pieces are whole 16-column groups, and a column's sum never
 // depends on which thread or piece ran it. Parts of gemm_parts whose ends fall inside groups,
 // every kernel table and weight dtype, 1 and 3 rows.
 TEST_CASE("cpu GEMV split over threads gives one thread's bits, across parts", "[cpu]") {

@@ -133,18 +133,16 @@ std::int64_t gemv_l1_ahead() {
   return bytes;
 }
 
-// XSERV_CPU_GEMV_HEAD (read once; default 0): 1, each out_in GEMV tile prefetches its first L2
+// XSERV_CPU_GEMV_HEAD=1 (read once; default 0): each out_in GEMV tile prefetches its first L2
 // distance (XSERV_CPU_GEMV_PREFETCH's KB) into L2 before its loop (GemmProblem::
-// gemv_prefetch_head); 2, as 1, and a guided GEMV's thread claims its next piece before the last
-// group of the current one and prefetches that piece's head while the group runs (run_gemv). A
-// guided GEMV hands each thread several pieces, and each began with that much read at the L1
-// prefetch's pace.
-int gemv_head_mode() {
-  static const int mode = [] {
+// gemv_prefetch_head). A guided GEMV hands each thread several pieces, and each began with that
+// much read at the L1 prefetch's pace.
+bool gemv_prefetch_head() {
+  static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMV_HEAD");
-    return v ? std::clamp(std::atoi(v), 0, 2) : 0;
+    return v && std::string_view(v) == "1";
   }();
-  return mode;
+  return on;
 }
 
 // XSERV_CPU_GEMV_SEQ=1 (read once; default 0): a one-row GEMV over out_in weights reads its W
@@ -208,7 +206,7 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   p.gemv_prefetch_l1 = gp.l1;
   p.gemv_prefetch_l2 = gp.l2_bytes;
   p.gemv_l1_ahead = gemv_l1_ahead();
-  p.gemv_prefetch_head = gemv_head_mode() > 0;
+  p.gemv_prefetch_head = gemv_prefetch_head();
   p.gemv_seq = gemv_seq();
   return p;
 }
@@ -237,72 +235,6 @@ std::int64_t gemv_group_bytes() {
     return v ? 1024 * std::max<std::int64_t>(0, std::atoll(v)) : std::int64_t{0};
   }();
   return bytes;
-}
-
-// One slot of a guided GEMV with XSERV_CPU_GEMV_HEAD=2: the pieces `claim` hands out (column
-// groups [b, e) over the problems, first_group[i] the first of problem i, cols[i] columns each),
-// each claimed while the last group of the one before runs. A piece's first tile is told to
-// stream its L2 prefetch on to the piece's end (GemmProblem::gemv_prefetch_end), so the last
-// group, run apart, was prefetched with the rest; between the two, the next piece is claimed and
-// its first L2 distance prefetched, which then arrives while that last group is read instead of
-// after (one thread's prefetch stream no longer stops at every piece's end).
-template <class Claim>
-void run_gemv_ahead(const KernelTable& kt, std::span<const GemmProblem> ps,
-                    const std::int64_t* first_group, const std::int64_t* cols, Claim& claim) {
-  const auto problem_of = [&](std::int64_t g) {
-    std::size_t i = 0;
-    while (g >= first_group[i + 1]) ++i;
-    return i;
-  };
-  // Groups [b, e) of one problem; `head`: its first L2 distance still to prefetch; the L2
-  // stream runs to the end of group `stream_end` (of the same problem) at least.
-  const auto run_tile = [&](std::size_t i, std::int64_t b, std::int64_t e, bool head,
-                            std::int64_t stream_end) {
-    GemmProblem q = ps[i];
-    const std::int64_t row_bytes = q.k * static_cast<std::int64_t>(dtype_size(q.w_dtype));
-    q.gemv_prefetch_head = head;
-    q.gemv_prefetch_end = std::min(q.n, (stream_end - first_group[i]) * cols[i]) * row_bytes;
-    kt.gemm_tile(q, 0, q.m, (b - first_group[i]) * cols[i],
-                 std::min(q.n, (e - first_group[i]) * cols[i]), gemm_scratch());
-  };
-  // Groups [b, e), split at problem boundaries; the first tile's head prefetched as `head` says,
-  // later tiles' always (they start a problem).
-  const auto run_range = [&](std::int64_t b, std::int64_t e, bool head, std::int64_t stream_end) {
-    while (b < e) {
-      const std::size_t i = problem_of(b);
-      const std::int64_t t_end = std::min(e, first_group[i + 1]);
-      run_tile(i, b, t_end, head, std::min(stream_end, first_group[i + 1]));
-      head = true;
-      b = t_end;
-    }
-  };
-  const auto prefetch_head = [&](std::int64_t g) {
-    const std::size_t i = problem_of(g);
-    const GemmProblem& p = ps[i];
-    if (p.layout != WeightLayout::out_in || !p.gemv_prefetch_l2) return;
-    const std::int64_t row_bytes = p.k * static_cast<std::int64_t>(dtype_size(p.w_dtype));
-    const std::int64_t begin = (g - first_group[i]) * cols[i] * row_bytes;
-    const std::int64_t end = std::min(p.n * row_bytes, begin + p.gemv_prefetch_l2);
-    const char* w = static_cast<const char*>(p.w);
-    for (std::int64_t at = begin; at < end; at += 64) __builtin_prefetch(w + at, 0, 2);
-  };
-  std::int64_t b = 0, e = 0;
-  if (!claim(b, e)) return;
-  bool head = true;  // the first piece's head: prefetched by its first tile
-  for (;;) {
-    const std::int64_t last = e - 1;
-    if (last > b) run_range(b, last, head, e);
-    std::int64_t nb = 0, ne = 0;
-    const bool more = claim(nb, ne);
-    if (more) prefetch_head(nb);
-    // The last group: prefetched by the stream above unless it starts a problem (or the piece).
-    const bool last_head = last == b ? head : problem_of(last) != problem_of(last - 1);
-    run_range(last, e, last_head, e);
-    if (!more) return;
-    b = nb;
-    e = ne;
-    head = false;
-  }
 }
 
 // GEMVs (M <= gemv_max_rows) of several problems in one parallel loop over their output
@@ -344,23 +276,15 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
   if (gemv_guided() && slots > 1) {
     std::atomic<std::int64_t> next{0};
     const std::int64_t min_piece = std::max<std::int64_t>(1, (64 * 1024 + group_bytes - 1) / group_bytes);
-    const auto claim = [&](std::int64_t& b, std::int64_t& e) {
-      b = next.load(std::memory_order_relaxed);
-      while (b < groups) {
-        e = std::min(groups, b + std::max(min_piece, (groups - b) / (2 * slots)));
-        if (next.compare_exchange_weak(b, e, std::memory_order_relaxed)) return true;
-      }
-      return false;
-    };
-    if (gemv_head_mode() == 2) {
-      pool.parallel_for(static_cast<std::size_t>(slots), [&](std::size_t, std::size_t) {
-        run_gemv_ahead(kt, ps, first_group, cols, claim);
-      });
-      return;
-    }
     pool.parallel_for(static_cast<std::size_t>(slots), [&](std::size_t, std::size_t) {
-      std::int64_t b = 0, e = 0;
-      while (claim(b, e)) run_groups(b, e);
+      std::int64_t b = next.load(std::memory_order_relaxed);
+      while (b < groups) {
+        const std::int64_t e = std::min(groups, b + std::max(min_piece, (groups - b) / (2 * slots)));
+        if (next.compare_exchange_weak(b, e, std::memory_order_relaxed)) {
+          run_groups(b, e);
+          b = next.load(std::memory_order_relaxed);
+        }
+      }
     });
     return;
   }

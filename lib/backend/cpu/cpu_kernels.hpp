@@ -53,10 +53,6 @@ struct GemmProblem {
   // ahead, so without it every tile (a guided piece: several per thread per GEMV) begins with
   // 32 KB read on demand and by the L1 prefetch alone.
   bool gemv_prefetch_head = false;
-  // Byte offset in w up to which an out_in GEMV tile's L2 prefetch may run when that is past the
-  // tile's own end (the rest of the caller's piece, run by the same thread next); 0: the tile's
-  // end.
-  std::int64_t gemv_prefetch_end = 0;
   // One activation row (M = 1, batch-1 decode) over out_in weights: the W rows one after the
   // other, each read start to end with 4 accumulators, so a thread's weights are one sequential
   // stream (as stream_read_bench reads), its L1 prefetch gemv_l1_ahead bytes ahead (4 KB when 0)
