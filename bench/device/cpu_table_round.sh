@@ -6,17 +6,18 @@
 # --prefetch both:32, read the way the GEMVs read, no huge pages; TABLE_HUGE=1 for
 # XSERV_CPU_HUGEPAGES=1). Then, with the time left, one per-op profile of GPT-2's 8-thread decode
 # step, GPT-2 at 8 threads against the variants in CMP and Qwen3-0.6B against those in Q8_CMP
-# (interleaved), and the streaming ceiling under other prefetch modes (SWEEP).
+# (interleaved; by default the decode GEMV's rules before 2026-12-04), and the streaming ceiling
+# under other prefetch modes (SWEEP). ALL_ON: the switches the [cpu],[golden] tests run with.
 #   OUT=... bash bench/device/cpu_table_round.sh        (from the repository root; a request's
-#   run.sh under `timeout 200`: BUDGET 188 s, build and tests included)
+#   run.sh under the round's timeout, 180-200 s: BUDGET, default 170 s, build and tests included)
 # Runs per table row: GPT2_RUNS, Q06_RUNS (default 3), Q17_RUNS (8 and 16 threads, default 2),
 # Q17_2_RUNS (2 threads, default 1: one run, its warm-up included, is ~20 s); the rows of one
 # block interleave. G8_RUNS runs of each comparison (default 3); CMP and Q8_CMP their variants
 # ("label:VAR=v[,VAR=v] ...", Q8_CMP empty: no Qwen3 block). Time per block (seconds, each also
 # cut to what the budget has left): GPT2_S, Q06_S, Q17_S, Q17_2_S, G8_S.
-export BUDGET=${BUDGET:-188} B=${B:-/tmp/bcpu}
-export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_SEQ=1 XSERV_CPU_GEMV_HEAD=1}
-CMP=${CMP:-seq:XSERV_CPU_GEMV_SEQ=1 head:XSERV_CPU_GEMV_HEAD=1}
+export BUDGET=${BUDGET:-170} B=${B:-/tmp/bcpu}
+export ALL_ON=${ALL_ON:-XSERV_CPU_GEMV_SEQ=0 XSERV_CPU_GEMV_HEAD=0}
+CMP=${CMP:-old:XSERV_CPU_GEMV_SEQ=0,XSERV_CPU_GEMV_HEAD=0}
 Q8_CMP=${Q8_CMP:-$CMP}
 SWEEP=${SWEEP:-off both:128 both:64 l2:32}
 # Bytes a decode token reads (MB): every weight once (the tied embedding as the lm_head; GPT-2's

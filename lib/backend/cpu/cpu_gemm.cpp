@@ -133,24 +133,39 @@ std::int64_t gemv_l1_ahead() {
   return bytes;
 }
 
-// XSERV_CPU_GEMV_HEAD=1 (read once; default 0): each out_in GEMV tile prefetches its first L2
-// distance (XSERV_CPU_GEMV_PREFETCH's KB) into L2 before its loop (GemmProblem::
-// gemv_prefetch_head). A guided GEMV hands each thread several pieces, and each began with that
-// much read at the L1 prefetch's pace.
+// XSERV_CPU_GEMV_HEAD (read once; 1 on, 0 off; default on for Intel CPUs, off for others): each
+// out_in GEMV tile prefetches its first L2 distance (XSERV_CPU_GEMV_PREFETCH's KB) into L2 before
+// its loop (GemmProblem::gemv_prefetch_head). A guided GEMV hands each thread several pieces,
+// and each began with that much read on demand and by the L1 prefetch alone. Measured on the GPU
+// machine's Xeon (docs/benchmarks.md, issue 16, 2026-12-04; 8 threads, 3-4 interleaved runs,
+// medians, two calls): decode with it against without, GPT-2 f32 173.7 vs 170.0 and 146.2 vs
+// 140.9 tok/s, with XSERV_CPU_GEMV_SEQ 154.5 vs 143.4; Qwen3-0.6B 58.4 vs 58.1, with SEQ 53.2 vs
+// 52.8. Each inside its runs' spread, all five the same way. Not measured on other CPUs.
 bool gemv_prefetch_head() {
   static const bool on = [] {
+    bool d = false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    d = __builtin_cpu_is("intel");
+#endif
     const char* v = std::getenv("XSERV_CPU_GEMV_HEAD");
-    return v && std::string_view(v) == "1";
+    return v ? std::string_view(v) == "1" : d;
   }();
   return on;
 }
 
-// XSERV_CPU_GEMV_SEQ=1 (read once; default 0): a one-row GEMV over out_in weights reads its W
-// rows one after the other (GemmProblem::gemv_seq) instead of four in step.
+// XSERV_CPU_GEMV_SEQ (read once; default 1, 0 the rule before 2026-12-04): a one-row GEMV over
+// out_in weights reads its W rows one after the other (GemmProblem::gemv_seq), one sequential
+// stream per thread, instead of four rows in step. Measured (docs/benchmarks.md, issue 16,
+// 2026-12-04; interleaved runs, medians): the GPU machine's Xeon, Qwen3-0.6B decode at 8 threads
+// 52.8 vs 46.5 tok/s (every run above every run of the rule before), GPT-2 f32 143.4 vs 140.9
+// (154.5 with XSERV_CPU_GEMV_HEAD), a Qwen3-0.6B 2-thread decode step 60.0 vs 62.9 ms (one
+// profile each: the down and o projections 11% and 9% faster); the dev EPYC at 2 threads,
+// Qwen3-0.6B 40.3 vs 37.7 tok/s, GPT-2 98.7 vs 91.6.
 bool gemv_seq() {
   static const bool on = [] {
     const char* v = std::getenv("XSERV_CPU_GEMV_SEQ");
-    return v && std::string_view(v) == "1";
+    return !(v && std::string_view(v) == "0");
   }();
   return on;
 }

@@ -49,15 +49,16 @@ struct GemmProblem {
   // f32 mlp down projection, more than the L1 holds). XSERV_CPU_GEMV_L1_KB (cpu_gemm.cpp).
   std::int64_t gemv_l1_ahead = 0;
   // A GEMV tile's first gemv_prefetch_l2 bytes prefetched into L2 before its loop starts
-  // (XSERV_CPU_GEMV_HEAD, cpu_gemm.cpp): the running L2 prefetch covers only what lies that far
-  // ahead, so without it every tile (a guided piece: several per thread per GEMV) begins with
-  // 32 KB read on demand and by the L1 prefetch alone.
+  // (the backend: XSERV_CPU_GEMV_HEAD, on for Intel CPUs; cpu_gemm.cpp): the running L2
+  // prefetch covers only what lies that far ahead, so without it every tile (a guided piece:
+  // several per thread per GEMV) begins with 32 KB read on demand and by the L1 prefetch alone.
   bool gemv_prefetch_head = false;
   // One activation row (M = 1, batch-1 decode) over out_in weights: the W rows one after the
   // other, each read start to end with 4 accumulators, so a thread's weights are one sequential
   // stream (as stream_read_bench reads), its L1 prefetch gemv_l1_ahead bytes ahead (4 KB when 0)
-  // and its L2 prefetch gemv_prefetch_l2 ahead. The default kernel reads C = 4 rows in step,
-  // four streams a row apart. XSERV_CPU_GEMV_SEQ (cpu_gemm.cpp).
+  // and its L2 prefetch gemv_prefetch_l2 ahead. Otherwise C = 4 rows are read in step, four
+  // streams a row apart (M > 1 always: each weight then feeds M rows). The backend sets it
+  // unless XSERV_CPU_GEMV_SEQ=0 (cpu_gemm.cpp).
   bool gemv_seq = false;
 };
 
