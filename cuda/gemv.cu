@@ -837,7 +837,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST and _NORM_PERSIST: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST and _PERSIST_GRID: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -853,7 +853,11 @@ GemvTuning tuning_from_env() noexcept {
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
-  if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) t.norm_persist = std::atoi(v) == 1 ? 1 : 0;
+  t.persist_grid = get("XSERV_CUDA_GEMV_PERSIST_GRID");
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
+    const int n = std::atoi(v);
+    t.norm_persist = n == 1 || n == 2 ? n : 0;
+  }
   return t;
 }
 
@@ -905,8 +909,14 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
     // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830);
     // Qwen3-8B's 4096-wide rows lost with it (232.7 against 234.7), f32 (GPT-2) was not measured.
+    // Logits (f32 out of bf16: the final norm + lm_head, ~19k column groups) always: the register
+    // kernel would redo the norm prologue in each of its ~19k blocks. norm_persist 2: not with
+    // SwiGLU (for comparisons: Qwen3-1.7B's gate|up was faster alone on the register kernel).
+    constexpr bool logits = !std::is_same_v<OutT, T>;
     const bool persist = tune.norm_persist == 1 ||
-                         (tune.norm_persist < 0 && std::is_same_v<T, bf16> && p.k <= 2048);
+                         (tune.norm_persist != 0 && logits) ||
+                         (tune.norm_persist < 0 && std::is_same_v<T, bf16> && p.k <= 2048) ||
+                         (tune.norm_persist == 2 && !Swiglu && std::is_same_v<T, bf16> && p.k <= 2048);
     if (persist) {
       // As many blocks as fit an SM (registers and the normalised row), at most one a group.
       int per_sm = 1;
@@ -915,7 +925,15 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
         (void)cudaGetLastError();
         per_sm = 1;
       }
-      const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
+      const unsigned most = static_cast<unsigned>(per_sm * sm_count);
+      unsigned blocks = std::min(grid.x, most);
+      if (tune.persist_grid == 1) {  // the same rounds of groups on the fewest blocks
+        const unsigned rounds = (grid.x + most - 1) / most;
+        blocks = (grid.x + rounds - 1) / rounds;
+      } else if (tune.persist_grid == 2 && per_sm > 1) {
+        blocks = std::min(grid.x, static_cast<unsigned>((per_sm - 1) * sm_count));
+      }
+      const dim3 pgrid(blocks);
       return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
     }
   }
@@ -1020,9 +1038,13 @@ void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm
 
 template <typename T>
 void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const void* norm_weight,
-                            float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count) {
+                            float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count,
+                            bool f32_out) {
   const OutInArgs<T> p{out, n, static_cast<const T*>(x), static_cast<const T*>(w), nullptr, 0.0f,
                        n, k, 1, static_cast<const T*>(norm_weight), eps};
+  if constexpr (!std::is_same_v<T, float>) {
+    if (f32_out) return launch_out_in<T, 1, float, true, false>(stream, p, sm_count);  // logits: one row
+  }
   if (swiglu) launch_norm_typed<T, true>(stream, p, m, sm_count);
   else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
@@ -1110,13 +1132,14 @@ bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t 
 
 void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
-                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count) {
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, DType out_dt) {
   if (m == 0 || n == 0) return;
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (dt == DType::f32) {
-    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
+    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count, false);
   } else {
-    launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
+    launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count,
+                                 out_dt == DType::f32);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }
