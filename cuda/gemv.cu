@@ -99,6 +99,7 @@ struct OutInArgs {
   bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
   bool early_out = false;     // bulk kernel: bias and previous output read ahead (finish_read)
   bool evict_first = false;   // bulk kernel: weights read with an L2 evict-first policy (GemvTuning::evict_first)
+  bool norm_early_w = false;  // Norm: the norm weight loaded before the dependency wait (GemvTuning::norm_early_w)
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -163,9 +164,13 @@ __device__ __forceinline__ void block_sums(float (&v)[M], float (&s_sum)[warps][
 }
 
 // The RMSNorm prologue of gemv_out_in_kernel: rows [M, k] of p.a normalised into s_act in T,
-// x * rstd rounded to T before the weight (as HF and the norm kernel).
+// x * rstd rounded to T before the weight (as HF and the norm kernel). g_early: the thread's
+// one vector of the norm weight (at threadIdx.x * V), loaded before the dependency wait by a
+// caller whose k fits one vector a thread (norm_weight_early); the same values, one L2 round
+// trip fewer after the wait.
 template <typename T, int M>
-__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M]) {
+__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M],
+                                  const uint4* g_early = nullptr) {
   constexpr int V = vec_of<T>;
   const int k = p.k;
   float ss[M];
@@ -183,7 +188,7 @@ __device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum
   block_sums<M>(ss, s_sum);
   for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
     float g[V];
-    unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+    unpack<T>(g_early ? *g_early : *reinterpret_cast<const uint4*>(p.norm_w + i), g);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float rstd = rsqrtf(ss[m] / static_cast<float>(k) + p.eps);
@@ -194,6 +199,19 @@ __device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum
       *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
     }
   }
+}
+
+// GemvTuning::norm_early_w: whether this RMSNorm GEMV loads its thread's vector of the norm
+// weight before the dependency wait (nothing writes it; k must fit one vector a thread), and
+// that load. The weight then reaches the prologue without a round trip after the wait.
+template <typename T>
+__device__ __forceinline__ bool norm_weight_early(const OutInArgs<T>& p) {
+  return p.norm_early_w && !p.layer_norm && p.k <= static_cast<int>(blockDim.x) * vec_of<T>;
+}
+template <typename T>
+__device__ __forceinline__ uint4 load_norm_weight_early(const OutInArgs<T>& p) {
+  const int i = threadIdx.x * vec_of<T>;
+  return i < p.k ? *reinterpret_cast<const uint4*>(p.norm_w + i) : make_uint4(0, 0, 0, 0);
 }
 
 // The LayerNorm prologue of gemv_out_in_kernel (layer_norm): rows [M, k] of p.a normalised into
@@ -292,13 +310,19 @@ __global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const Out
 #pragma unroll
     for (int u = 0; u < U; ++u)
       cur[r][u] = active && k0 + u * step < k ? load_w(wr[r] + k0 + u * step) : make_uint4(0, 0, 0, 0);
+  [[maybe_unused]] uint4 g_early = make_uint4(0, 0, 0, 0);
+  [[maybe_unused]] bool early = false;
+  if constexpr (Norm) {
+    early = norm_weight_early(p);
+    if (early) g_early = load_norm_weight_early(p);
+  }
   grid_dependency_wait();
 
   const T* act = p.a;
   if constexpr (Norm) {
     T* s_act = reinterpret_cast<T*>(s_dyn);
     if (p.layer_norm) layer_norm_prologue<T, M>(s_act, p, s_sum);
-    else rms_norm_prologue<T, M>(s_act, p, s_sum);
+    else rms_norm_prologue<T, M>(s_act, p, s_sum, early ? &g_early : nullptr);
     __syncthreads();
     act = s_act;
   }
@@ -413,10 +437,13 @@ __global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_
   };
   int g = blockIdx.x;
   first_batch(g);  // the weights do not depend on the previous kernel
+  const bool early = norm_weight_early(p);
+  uint4 g_early = make_uint4(0, 0, 0, 0);
+  if (early) g_early = load_norm_weight_early(p);
   grid_dependency_wait();
   T* s_act = reinterpret_cast<T*>(s_dyn);
   if (p.layer_norm) layer_norm_prologue<T, 1>(s_act, p, s_sum);
-  else rms_norm_prologue<T, 1>(s_act, p, s_sum);
+  else rms_norm_prologue<T, 1>(s_act, p, s_sum, early ? &g_early : nullptr);
   __syncthreads();
   const T* act = s_act;
 
@@ -837,7 +864,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST and _PERSIST_GRID: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _PERSIST_GRID and _NORM_EARLY_W: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -854,6 +881,7 @@ GemvTuning tuning_from_env() noexcept {
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
   t.persist_grid = get("XSERV_CUDA_GEMV_PERSIST_GRID");
+  t.norm_early_w = get("XSERV_CUDA_GEMV_NORM_EARLY_W") == 1;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -897,6 +925,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   OutInArgs<T> p = args;
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
   const GemvTuning& tune = gemv_tuning();
+  p.norm_early_w = Norm && tune.norm_early_w;
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;

@@ -141,6 +141,11 @@ struct GemvTuning {
   // leave 288 blocks one group and 240 two; on 384 every block takes two, and the SMs keep room
   // for the next kernel's blocks under PDL); 2: one block an SM fewer than fit.
   int persist_grid = 0;
+  // norm_early_w (XSERV_CUDA_GEMV_NORM_EARLY_W=1, issue 12, 2026-12-04, opt-in while measured):
+  // the one-row RMSNorm GEMVs load the norm weight before the dependency wait (one 16-byte
+  // vector a thread, rows of up to 2048 bf16), so the prologue after the wait has one L2 round
+  // trip fewer; the same values.
+  bool norm_early_w = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

@@ -40,7 +40,7 @@ gb() {  # variant word, model, repeat, need (seconds)
     --prompt-len 128 --gen-len 128 --repeat "$3" >"$f" 2>&1
   echo "$(ts) $2 $n [$s]: $(grep -E '^\| 1 ' "$f" | awk -F'|' '{printf "decode %s tok/s, %s ms/step", $4, $5}' | tr -s ' ')"
 }
-ncu_step() {  # model, variant word, need
+ncu_step() {  # model, variant word, need: the kernels of one graph-replayed decode step
   [ "$(left)" -ge "$3" ] || { echo "$(ts) skip ncu $1: $(left) s left"; return; }
   local s; s=$(settings "$2")
   echo "== $(ts) ncu: one graph-replayed decode step of $1, $(name "$2") [$s]"
@@ -48,9 +48,12 @@ ncu_step() {  # model, variant word, need
     --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv "$G" --dummy-weights --config "bench/configs/$1.json" \
     --device cuda --batch 1 --prompt-len 128 --gen-len 12 --repeat 1 >"$OUT/ncu_$1.csv" 2>&1
   python3 scripts/ncu_kinds.py "$OUT/ncu_$1.csv" 2>&1 | tee "$OUT/ncu_$1_kinds.txt" | head -40
-  # The same step as one workload: the graph's span on the GPU with PDL overlapping its kernels,
-  # next to the sampling kernels outside it.
-  [ "$(left)" -ge 25 ] || return
+}
+ncu_graph() {  # model, variant word, need: the same step as one workload (the graph's span on the
+  # GPU with PDL overlapping its kernels), next to the sampling kernels outside it
+  [ "$(left)" -ge "$3" ] || { echo "$(ts) skip ncu graph $1: $(left) s left"; return; }
+  local s; s=$(settings "$2")
+  echo "== $(ts) ncu: the graph of one decode step of $1 as one workload, $(name "$2") [$s]"
   env XSERV_CUDA_PROFILE_REPLAY=3 $s timeout 40 ncu --clock-control none --cache-control none --profile-from-start off \
     --graph-profiling graph --metrics gpu__time_duration.sum --csv "$G" --dummy-weights --config "bench/configs/$1.json" \
     --device cuda --batch 1 --prompt-len 128 --gen-len 12 --repeat 1 >"$OUT/ncu_graph_$1.csv" 2>&1
@@ -69,10 +72,11 @@ echo "== $(ts) Qwen3-0.6B, batch 1, 128 + 128"
 for v in ${V_06:-}; do gb "$v" qwen3-0.6b 3 8; done
 echo "== $(ts) Qwen3-1.7B, batch 1, 128 + 128"
 for v in ${V_17:-}; do gb "$v" qwen3-1.7b 3 10; done
+[ -n "${NCU_VARIANT:-}" ] && ncu_step qwen3-0.6b "$NCU_VARIANT" 45
 echo "== $(ts) Qwen3-8B, batch 1"
 for v in ${V_8:-}; do gb "$v" qwen3-8b 2 20; done
 echo "== $(ts) GPT-2, batch 1"
 for v in ${V_G2:-}; do gb "$v" gpt2 3 6; done
-[ -n "${NCU_VARIANT:-}" ] && ncu_step qwen3-0.6b "$NCU_VARIANT" 30
+[ -n "${NCU_VARIANT:-}" ] && ncu_graph qwen3-0.6b "$NCU_VARIANT" 20
 [ -n "${NCU_VARIANT:-}" ] && ncu_step qwen3-1.7b "$NCU_VARIANT" 40
 echo "== $(ts) done ($(( $(date +%s) - t0 )) s)"

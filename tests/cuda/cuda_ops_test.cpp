@@ -582,7 +582,8 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   // the register-capped norm GEMVs; evict_first: the L2 policy on the weight loads) and wpr -2
   // the persistent norm GEMV (norm_persist; n = 12000 walks several column groups a block), which
   // must also equal the defaults bit for bit (the same loads and sums in the same order); wpr -3
-  // and -4 the same on its other grids (persist_grid 1 and 2).
+  // and -4 the same on its other grids (persist_grid 1 and 2); -5 and -6 the persistent and the
+  // register norm GEMV with the norm weight loaded before the wait (norm_early_w).
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(33);
@@ -596,7 +597,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   } reset;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int wpr : {1, 2, 4, 8, 0, -1, -2, -3, -4}) {
+      for (int wpr : {1, 2, 4, 8, 0, -1, -2, -3, -4, -5, -6}) {
         // The bulk kernel (wpr 0) reads its outputs ahead (early_out, the default).
         const auto tuning = [](int split) {
           cuda::GemvTuning t{std::max(split, 0), std::max(split, 0), false, split <= 0, true, 0};
@@ -605,8 +606,9 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             t.norm_occ = 3;
             t.evict_first = true;
           }
-          t.norm_persist = split <= -2 ? 1 : 0;
+          t.norm_persist = split <= -2 && split != -6 ? 1 : 0;
           t.persist_grid = split == -3 ? 1 : split == -4 ? 2 : 0;
+          t.norm_early_w = split <= -5;
           return t;
         };
         cuda::gemv_tuning() = tuning(wpr);
