@@ -864,7 +864,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _PERSIST_GRID, _NORM_EARLY_W and _PDL_LOGITS: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _PERSIST_GRID and _NORM_EARLY_W: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -882,7 +882,6 @@ GemvTuning tuning_from_env() noexcept {
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
   t.persist_grid = get("XSERV_CUDA_GEMV_PERSIST_GRID");
   t.norm_early_w = get("XSERV_CUDA_GEMV_NORM_EARLY_W") == 1;
-  t.pdl_logits = get("XSERV_CUDA_GEMV_PDL_LOGITS") == 1;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -933,8 +932,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
-  // pdl_logits: the logits GEMV (f32 out of bf16) under PDL at any size.
-  const bool pdl = gemv_pdl(weight_bytes) || (tune.pdl_logits && !std::is_same_v<OutT, T> && Norm && pdl_enabled());
+  const bool pdl = gemv_pdl(weight_bytes);
   const dim3 block(warps * 32);
   if constexpr (M == 1 && Norm) {
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win

@@ -146,11 +146,6 @@ struct GemvTuning {
   // vector a thread, rows of up to 2048 bf16), so the prologue after the wait has one L2 round
   // trip fewer; the same values.
   bool norm_early_w = false;
-  // pdl_logits (XSERV_CUDA_GEMV_PDL_LOGITS=1, issue 12, 2026-12-04, opt-in while measured): the
-  // logits norm GEMV (XSERV_CUDA_LOGITS_NORM_GEMV) launches under PDL whatever its size (the
-  // lm_heads are 311-1245 MB, past pdl_gemv_max_bytes), so its blocks load their first weights
-  // while the last down_proj runs.
-  bool pdl_logits = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
