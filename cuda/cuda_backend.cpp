@@ -278,8 +278,8 @@ class CudaBackend final : public Backend {
   Buffer token_counts_;
   Buffer sample_candidates_;  // launch_sample_topk's per-row candidate keys
   Buffer sample_tickets_;     // its one-kernel greedy path's per-row tickets (kept zeroed)
-  bool sample_one_pass_ = false;  // XSERV_CUDA_SAMPLE_ONE_PASS: greedy batches in one kernel
-  bool logits_norm_gemv_ = false;  // XSERV_CUDA_LOGITS_NORM_GEMV: rms_norm_gemm to f32 logits as one kernel
+  bool sample_one_pass_ = true;   // XSERV_CUDA_SAMPLE_ONE_PASS=0: greedy batches in two kernels as before
+  bool logits_norm_gemv_ = true;  // XSERV_CUDA_LOGITS_NORM_GEMV=0: the final norm and the lm_head apart
   Buffer sample_select_;      // launch_sample's per-row radix-select state
 
   // CUDA graphs keyed by (caller's key, batch shape).
@@ -374,8 +374,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
-  if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) == "1";
-  if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) == "1";
+  if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_DEVICE_BATCH")) {

@@ -100,6 +100,7 @@ struct OutInArgs {
   bool early_out = false;     // bulk kernel: bias and previous output read ahead (finish_read)
   bool evict_first = false;   // bulk kernel: weights read with an L2 evict-first policy (GemvTuning::evict_first)
   bool norm_early_w = false;  // Norm: the norm weight loaded before the dependency wait (GemvTuning::norm_early_w)
+  bool resid_prefetch = false;  // bulk kernel: the first row's residual asked into L2 before the wait
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -524,6 +525,13 @@ __global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_
 constexpr int bulk_chunk = 4096;  // bytes a slot
 constexpr int bulk_stages = 3;
 
+// A hint that the line holding p be read into L2 (no register written, no ordering).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -620,6 +628,12 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
       prev_next = p.beta != 0.0f ? to_f32(out[row]) : 0.0f;
     }
   };
+  // resid_prefetch: the residual this kernel adds was written kernels ago (the o_proj's by the
+  // previous layer's down_proj, the down_proj's by the o_proj before the gate|up GEMV), and tens
+  // of MB of weights have streamed through L2 since; ask its line back into L2 now, so that the
+  // read after the wait is an L2 hit. A prefetch only: if the kernel before this one writes the
+  // line meanwhile, the read after the wait still sees the write (L2 holds it).
+  if (p.resid_prefetch && lane == 0 && my_rows > 0 && p.beta != 0.0f) prefetch_l2(out + gw);
   grid_dependency_wait();
   read_ahead(0);
   const unsigned char* act_row = reinterpret_cast<const unsigned char*>(p.a);
@@ -697,6 +711,7 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   const GemvTuning& tune = gemv_tuning();
   p.early_out = tune.early_out;
   p.evict_first = tune.evict_first;
+  p.resid_prefetch = tune.resid_prefetch;
   const auto fits_two = [](std::size_t smem) { return 2 * (smem + 1024) <= 228 * 1024; };  // 1 KB a block is the runtime's
   // bulk_wide: a row too long for two blocks an SM beside its copy in shared memory (Qwen3-8B's
   // down_proj, K = 12288: 120 KB a block) is read from global memory instead, so two fit.
@@ -864,7 +879,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _PERSIST_GRID and _NORM_EARLY_W: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W and _RESID_PREFETCH: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -880,8 +895,8 @@ GemvTuning tuning_from_env() noexcept {
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
-  t.persist_grid = get("XSERV_CUDA_GEMV_PERSIST_GRID");
-  t.norm_early_w = get("XSERV_CUDA_GEMV_NORM_EARLY_W") == 1;
+  t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
+  t.resid_prefetch = get("XSERV_CUDA_GEMV_RESID_PREFETCH") == 1;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -938,31 +953,26 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
     // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830);
     // Qwen3-8B's 4096-wide rows lost with it (232.7 against 234.7), f32 (GPT-2) was not measured.
-    // Logits (f32 out of bf16: the final norm + lm_head, ~19k column groups) always: the register
-    // kernel would redo the norm prologue in each of its ~19k blocks. norm_persist 2: not with
-    // SwiGLU (for comparisons: Qwen3-1.7B's gate|up was faster alone on the register kernel).
+    // Logits (f32 out of bf16: the final norm + lm_head, ~19k column groups) at any width: the
+    // register kernel would redo the norm prologue in each of its ~19k blocks.
+    // norm_persist 2 (for comparisons): as the default, but the non-logits GEMVs only where one
+    // wave of persistent blocks takes every column group (Qwen3-1.7B's gate|up, 768 groups on 528
+    // blocks, then runs the register kernel: 14.3 us alone against 15.0).
     constexpr bool logits = !std::is_same_v<OutT, T>;
-    const bool persist = tune.norm_persist == 1 ||
-                         (tune.norm_persist != 0 && logits) ||
-                         (tune.norm_persist < 0 && std::is_same_v<T, bf16> && p.k <= 2048) ||
-                         (tune.norm_persist == 2 && !Swiglu && std::is_same_v<T, bf16> && p.k <= 2048);
+    const bool rule = std::is_same_v<T, bf16> && p.k <= 2048;
+    bool persist = tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
+    // As many blocks as fit an SM (registers and the normalised row), at most one a group.
+    int per_sm = 1;
     if (persist) {
-      // As many blocks as fit an SM (registers and the normalised row), at most one a group.
-      int per_sm = 1;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,
                                                         warps * 32, smem) != cudaSuccess || per_sm < 1) {
         (void)cudaGetLastError();
         per_sm = 1;
       }
-      const unsigned most = static_cast<unsigned>(per_sm * sm_count);
-      unsigned blocks = std::min(grid.x, most);
-      if (tune.persist_grid == 1) {  // the same rounds of groups on the fewest blocks
-        const unsigned rounds = (grid.x + most - 1) / most;
-        blocks = (grid.x + rounds - 1) / rounds;
-      } else if (tune.persist_grid == 2 && per_sm > 1) {
-        blocks = std::min(grid.x, static_cast<unsigned>((per_sm - 1) * sm_count));
-      }
-      const dim3 pgrid(blocks);
+      if (tune.norm_persist == 2 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
+    }
+    if (persist) {
+      const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
       return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
     }
   }

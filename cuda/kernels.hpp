@@ -132,20 +132,19 @@ struct GemvTuning {
   int norm_occ = 0;
   bool evict_first = false;
   // -1 (default): on for bf16 rows of up to 2048 elements (gemv.cu says why) and for logits
-  // (bf16 in, f32 out: the final norm + lm_head) at any width; 0 off; 1 on; 2 as -1 but never
-  // with SwiGLU (gate|up on the register kernel).
+  // (bf16 in, f32 out: the final norm + lm_head) at any width; 0 off; 1 on; 2 as -1 where one
+  // wave of persistent blocks covers every column group (the logits at any size).
   int norm_persist = -1;
-  // persist_grid (XSERV_CUDA_GEMV_PERSIST_GRID, issue 12, 2026-12-04, opt-in while measured):
-  // the persistent norm GEMV's grid. 0: as many blocks as fit the SMs; 1: the fewest blocks
-  // that take as many rounds of column groups (Qwen3-1.7B's gate|up: 768 groups on 528 blocks
-  // leave 288 blocks one group and 240 two; on 384 every block takes two, and the SMs keep room
-  // for the next kernel's blocks under PDL); 2: one block an SM fewer than fit.
-  int persist_grid = 0;
-  // norm_early_w (XSERV_CUDA_GEMV_NORM_EARLY_W=1, issue 12, 2026-12-04, opt-in while measured):
-  // the one-row RMSNorm GEMVs load the norm weight before the dependency wait (one 16-byte
-  // vector a thread, rows of up to 2048 bf16), so the prologue after the wait has one L2 round
-  // trip fewer; the same values.
-  bool norm_early_w = false;
+  // norm_early_w (XSERV_CUDA_GEMV_NORM_EARLY_W=0 turns it off): the one-row RMSNorm GEMVs load
+  // the norm weight before the dependency wait (one 16-byte vector a thread, rows of up to 2048
+  // bf16). That weight is evicted from L2 by the weights streamed between two uses, so after the
+  // wait it was a DRAM round trip on every norm GEMV's critical path; the same values. Measured
+  // on the H200 (docs/benchmarks.md, "Batch-1 decode of the small Qwen3 models: ..."): Qwen3-1.7B
+  // b1 834.5 -> 848.7 tok/s, 0.6B 1481 -> 1487.
+  bool norm_early_w = true;
+  // resid_prefetch (XSERV_CUDA_GEMV_RESID_PREFETCH=1, issue 12, 2026-12-04, opt-in while
+  // measured): the bulk GEMV asks its first row's residual into L2 before the dependency wait.
+  bool resid_prefetch = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
