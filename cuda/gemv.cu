@@ -896,7 +896,7 @@ GemvTuning tuning_from_env() noexcept {
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
-  t.resid_prefetch = get("XSERV_CUDA_GEMV_RESID_PREFETCH") == 1;
+  t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -951,13 +951,14 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const dim3 block(warps * 32);
   if constexpr (M == 1 && Norm) {
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
-    // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830);
+    // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830),
+    // and there only where one wave of persistent blocks takes every column group: Qwen3-1.7B's
+    // gate|up (768 groups on 528 blocks, 14.3 us alone on the register kernel against 15.0) runs
+    // the register kernel, b1 decode 847 -> 875 tok/s (docs/benchmarks.md, "Batch-1 decode of the
+    // small Qwen3 models"; norm_persist 2: every such row on persistent blocks, as before).
     // Qwen3-8B's 4096-wide rows lost with it (232.7 against 234.7), f32 (GPT-2) was not measured.
     // Logits (f32 out of bf16: the final norm + lm_head, ~19k column groups) at any width: the
     // register kernel would redo the norm prologue in each of its ~19k blocks.
-    // norm_persist 2 (for comparisons): as the default, but the non-logits GEMVs only where one
-    // wave of persistent blocks takes every column group (Qwen3-1.7B's gate|up, 768 groups on 528
-    // blocks, then runs the register kernel: 14.3 us alone against 15.0).
     constexpr bool logits = !std::is_same_v<OutT, T>;
     const bool rule = std::is_same_v<T, bf16> && p.k <= 2048;
     bool persist = tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
@@ -969,7 +970,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
         (void)cudaGetLastError();
         per_sm = 1;
       }
-      if (tune.norm_persist == 2 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
+      if (tune.norm_persist < 0 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
     }
     if (persist) {
       const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));

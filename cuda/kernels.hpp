@@ -131,9 +131,10 @@ struct GemvTuning {
   bool bulk_wide = false;
   int norm_occ = 0;
   bool evict_first = false;
-  // -1 (default): on for bf16 rows of up to 2048 elements (gemv.cu says why) and for logits
-  // (bf16 in, f32 out: the final norm + lm_head) at any width; 0 off; 1 on; 2 as -1 where one
-  // wave of persistent blocks covers every column group (the logits at any size).
+  // -1 (default): on for bf16 rows of up to 2048 elements where one wave of persistent blocks
+  // covers every column group (gemv.cu says why), and for logits (bf16 in, f32 out: the final
+  // norm + lm_head) at any width; 0 off; 1 on; 2 the rule before 2026-12-04 (bf16 rows of up to
+  // 2048 elements however many groups, and the logits).
   int norm_persist = -1;
   // norm_early_w (XSERV_CUDA_GEMV_NORM_EARLY_W=0 turns it off): the one-row RMSNorm GEMVs load
   // the norm weight before the dependency wait (one 16-byte vector a thread, rows of up to 2048
@@ -142,9 +143,11 @@ struct GemvTuning {
   // on the H200 (docs/benchmarks.md, "Batch-1 decode of the small Qwen3 models: ..."): Qwen3-1.7B
   // b1 834.5 -> 848.7 tok/s, 0.6B 1481 -> 1487.
   bool norm_early_w = true;
-  // resid_prefetch (XSERV_CUDA_GEMV_RESID_PREFETCH=1, issue 12, 2026-12-04, opt-in while
-  // measured): the bulk GEMV asks its first row's residual into L2 before the dependency wait.
-  bool resid_prefetch = false;
+  // resid_prefetch (XSERV_CUDA_GEMV_RESID_PREFETCH=0 turns it off): the bulk GEMV asks its first
+  // row's residual into L2 before the dependency wait (written kernels ago, evicted since by the
+  // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
+  // the small Qwen3 models").
+  bool resid_prefetch = true;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
