@@ -56,7 +56,7 @@ double time_shape(cudaStream_t stream, const Shape& s, const std::vector<void*>&
           break;
         case Kind::norm:
         case Kind::swiglu:
-          launch_norm_gemv(stream, s.dt, out, x, norm_w, 1e-6f, w, s.kind == Kind::swiglu, 1, s.n, s.k, sm_count);
+          launch_norm_gemv(stream, s.dt, out, x, norm_w, 1e-6f, w, s.kind == Kind::swiglu, 1, s.n, s.k, sm_count, s.dt);
           break;
       }
     }

@@ -277,6 +277,9 @@ class CudaBackend final : public Backend {
   Buffer logprobs_device_;
   Buffer token_counts_;
   Buffer sample_candidates_;  // launch_sample_topk's per-row candidate keys
+  Buffer sample_tickets_;     // its one-kernel greedy path's per-row tickets (kept zeroed)
+  bool sample_one_pass_ = true;   // XSERV_CUDA_SAMPLE_ONE_PASS=0: greedy batches in two kernels as before
+  bool logits_norm_gemv_ = true;  // XSERV_CUDA_LOGITS_NORM_GEMV=0: the final norm and the lm_head apart
   Buffer sample_select_;      // launch_sample's per-row radix-select state
 
   // CUDA graphs keyed by (caller's key, batch shape).
@@ -371,6 +374,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_DEVICE_BATCH")) {
@@ -406,6 +411,7 @@ CudaBackend::~CudaBackend() {
   skinny_norm_scratch_ = Buffer();
   sample_device_ = Buffer();
   sample_candidates_ = Buffer();
+  sample_tickets_ = Buffer();
   sample_select_ = Buffer();
   logprobs_device_ = Buffer();
   token_counts_ = Buffer();
@@ -814,11 +820,15 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
                          out.shape[0] == x.shape[0] && (!swiglu || w.shape[0] % 2 == 0) &&
                          out.shape[1] == (swiglu ? w.shape[0] / 2 : w.shape[0]);
   const bool dtypes_ok = is_act(dt) && w.dtype == dt && norm_weight.dtype == dt && out.dtype == dt;
+  // Logits (bf16 x, f32 out: a decode step's final norm and lm_head) of one row: the norm GEMV
+  // too (XSERV_CUDA_LOGITS_NORM_GEMV); otherwise, and at more rows, the separate kernels.
+  const bool logits_ok = logits_norm_gemv_ && dt == DType::bf16 && w.dtype == dt && norm_weight.dtype == dt &&
+                         out.dtype == DType::f32 && !swiglu && shapes_ok && x.shape[0] == 1;
   // Decode-sized products run as one kernel: the norm in its prologue, SwiGLU in its epilogue.
-  if (shapes_ok && dtypes_ok && use_gemv_ &&
+  if (shapes_ok && (dtypes_ok || logits_ok) && use_gemv_ &&
       norm_gemv_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data)) {
     launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu,
-                     x.shape[0], out.shape[1], x.shape[1], sm_count_);
+                     x.shape[0], out.shape[1], x.shape[1], sm_count_, out.dtype);
     return;
   }
   // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
@@ -1233,8 +1243,17 @@ std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& para
   if (k_max <= sample_topk_max_k) {
     ensure_scratch(sample_candidates_, static_cast<std::size_t>(rows) *
                                            static_cast<std::size_t>(sample_topk_candidates(vocab, k_max)) * 8);
+    unsigned* tickets = nullptr;
+    if (sample_one_pass_ && k_max == 1) {
+      const std::size_t bytes = static_cast<std::size_t>(rows) * sizeof(unsigned);
+      if (sample_tickets_.size() < bytes) {
+        ensure_scratch(sample_tickets_, bytes);
+        XSERV_CUDA_CHECK(cudaMemsetAsync(sample_tickets_.data(), 0, sample_tickets_.size(), stream_));
+      }
+      tickets = static_cast<unsigned*>(sample_tickets_.data());
+    }
     launch_sample_topk(stream_, logits.as<float>(), rows, vocab, reinterpret_cast<const SamplingRowParams*>(d),
-                       counts, k_max, sample_candidates_.data(), ids_dev);
+                       counts, k_max, sample_candidates_.data(), tickets, ids_dev);
   } else {
     int filters = 1;  // the draw, then top-k (past the split path's limit) and top-p where set
     for (const SamplingRow& s : params.rows)

@@ -99,6 +99,8 @@ struct OutInArgs {
   bool gelu = false;          // out = gelu(y + bias), y + bias rounded to OutT first
   bool early_out = false;     // bulk kernel: bias and previous output read ahead (finish_read)
   bool evict_first = false;   // bulk kernel: weights read with an L2 evict-first policy (GemvTuning::evict_first)
+  bool norm_early_w = false;  // Norm: the norm weight loaded before the dependency wait (GemvTuning::norm_early_w)
+  bool resid_prefetch = false;  // bulk kernel: the first row's residual asked into L2 before the wait
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -163,9 +165,13 @@ __device__ __forceinline__ void block_sums(float (&v)[M], float (&s_sum)[warps][
 }
 
 // The RMSNorm prologue of gemv_out_in_kernel: rows [M, k] of p.a normalised into s_act in T,
-// x * rstd rounded to T before the weight (as HF and the norm kernel).
+// x * rstd rounded to T before the weight (as HF and the norm kernel). g_early: the thread's
+// one vector of the norm weight (at threadIdx.x * V), loaded before the dependency wait by a
+// caller whose k fits one vector a thread (norm_weight_early); the same values, one L2 round
+// trip fewer after the wait.
 template <typename T, int M>
-__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M]) {
+__device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum)[warps][M],
+                                  const uint4* g_early = nullptr) {
   constexpr int V = vec_of<T>;
   const int k = p.k;
   float ss[M];
@@ -183,7 +189,7 @@ __device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum
   block_sums<M>(ss, s_sum);
   for (int i = threadIdx.x * V; i < k; i += blockDim.x * V) {
     float g[V];
-    unpack<T>(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+    unpack<T>(g_early ? *g_early : *reinterpret_cast<const uint4*>(p.norm_w + i), g);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float rstd = rsqrtf(ss[m] / static_cast<float>(k) + p.eps);
@@ -194,6 +200,19 @@ __device__ void rms_norm_prologue(T* s_act, const OutInArgs<T>& p, float (&s_sum
       *reinterpret_cast<uint4*>(s_act + m * k + i) = pack<T>(x);
     }
   }
+}
+
+// GemvTuning::norm_early_w: whether this RMSNorm GEMV loads its thread's vector of the norm
+// weight before the dependency wait (nothing writes it; k must fit one vector a thread), and
+// that load. The weight then reaches the prologue without a round trip after the wait.
+template <typename T>
+__device__ __forceinline__ bool norm_weight_early(const OutInArgs<T>& p) {
+  return p.norm_early_w && !p.layer_norm && p.k <= static_cast<int>(blockDim.x) * vec_of<T>;
+}
+template <typename T>
+__device__ __forceinline__ uint4 load_norm_weight_early(const OutInArgs<T>& p) {
+  const int i = threadIdx.x * vec_of<T>;
+  return i < p.k ? *reinterpret_cast<const uint4*>(p.norm_w + i) : make_uint4(0, 0, 0, 0);
 }
 
 // The LayerNorm prologue of gemv_out_in_kernel (layer_norm): rows [M, k] of p.a normalised into
@@ -292,13 +311,19 @@ __global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const Out
 #pragma unroll
     for (int u = 0; u < U; ++u)
       cur[r][u] = active && k0 + u * step < k ? load_w(wr[r] + k0 + u * step) : make_uint4(0, 0, 0, 0);
+  [[maybe_unused]] uint4 g_early = make_uint4(0, 0, 0, 0);
+  [[maybe_unused]] bool early = false;
+  if constexpr (Norm) {
+    early = norm_weight_early(p);
+    if (early) g_early = load_norm_weight_early(p);
+  }
   grid_dependency_wait();
 
   const T* act = p.a;
   if constexpr (Norm) {
     T* s_act = reinterpret_cast<T*>(s_dyn);
     if (p.layer_norm) layer_norm_prologue<T, M>(s_act, p, s_sum);
-    else rms_norm_prologue<T, M>(s_act, p, s_sum);
+    else rms_norm_prologue<T, M>(s_act, p, s_sum, early ? &g_early : nullptr);
     __syncthreads();
     act = s_act;
   }
@@ -413,10 +438,13 @@ __global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_
   };
   int g = blockIdx.x;
   first_batch(g);  // the weights do not depend on the previous kernel
+  const bool early = norm_weight_early(p);
+  uint4 g_early = make_uint4(0, 0, 0, 0);
+  if (early) g_early = load_norm_weight_early(p);
   grid_dependency_wait();
   T* s_act = reinterpret_cast<T*>(s_dyn);
   if (p.layer_norm) layer_norm_prologue<T, 1>(s_act, p, s_sum);
-  else rms_norm_prologue<T, 1>(s_act, p, s_sum);
+  else rms_norm_prologue<T, 1>(s_act, p, s_sum, early ? &g_early : nullptr);
   __syncthreads();
   const T* act = s_act;
 
@@ -496,6 +524,13 @@ __global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_
 // M = 1, no norm prologue or SwiGLU epilogue; bias and beta as finish().
 constexpr int bulk_chunk = 4096;  // bytes a slot
 constexpr int bulk_stages = 3;
+
+// A hint that the line holding p be read into L2 (no register written, no ordering).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -593,6 +628,12 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
       prev_next = p.beta != 0.0f ? to_f32(out[row]) : 0.0f;
     }
   };
+  // resid_prefetch: the residual this kernel adds was written kernels ago (the o_proj's by the
+  // previous layer's down_proj, the down_proj's by the o_proj before the gate|up GEMV), and tens
+  // of MB of weights have streamed through L2 since; ask its line back into L2 now, so that the
+  // read after the wait is an L2 hit. A prefetch only: if the kernel before this one writes the
+  // line meanwhile, the read after the wait still sees the write (L2 holds it).
+  if (p.resid_prefetch && lane == 0 && my_rows > 0 && p.beta != 0.0f) prefetch_l2(out + gw);
   grid_dependency_wait();
   read_ahead(0);
   const unsigned char* act_row = reinterpret_cast<const unsigned char*>(p.a);
@@ -670,6 +711,7 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   const GemvTuning& tune = gemv_tuning();
   p.early_out = tune.early_out;
   p.evict_first = tune.evict_first;
+  p.resid_prefetch = tune.resid_prefetch;
   const auto fits_two = [](std::size_t smem) { return 2 * (smem + 1024) <= 228 * 1024; };  // 1 KB a block is the runtime's
   // bulk_wide: a row too long for two blocks an SM beside its copy in shared memory (Qwen3-8B's
   // down_proj, K = 12288: 120 KB a block) is read from global memory instead, so two fit.
@@ -837,7 +879,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST and _NORM_PERSIST: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W and _RESID_PREFETCH: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -853,7 +895,12 @@ GemvTuning tuning_from_env() noexcept {
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
-  if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) t.norm_persist = std::atoi(v) == 1 ? 1 : 0;
+  t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
+  t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
+    const int n = std::atoi(v);
+    t.norm_persist = n == 1 || n == 2 ? n : 0;
+  }
   return t;
 }
 
@@ -893,6 +940,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   OutInArgs<T> p = args;
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
   const GemvTuning& tune = gemv_tuning();
+  p.norm_early_w = Norm && tune.norm_early_w;
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
@@ -903,18 +951,28 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const dim3 block(warps * 32);
   if constexpr (M == 1 && Norm) {
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
-    // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830);
+    // (merged main of 2026-12-03, batch-1 decode: Qwen3-0.6B 1401 -> 1463 tok/s, 1.7B 801 -> 830),
+    // and there only where one wave of persistent blocks takes every column group: Qwen3-1.7B's
+    // gate|up (768 groups on 528 blocks, 14.3 us alone on the register kernel against 15.0) runs
+    // the register kernel, b1 decode 847 -> 875 tok/s (docs/benchmarks.md, "Batch-1 decode of the
+    // small Qwen3 models"; norm_persist 2: every such row on persistent blocks, as before).
     // Qwen3-8B's 4096-wide rows lost with it (232.7 against 234.7), f32 (GPT-2) was not measured.
-    const bool persist = tune.norm_persist == 1 ||
-                         (tune.norm_persist < 0 && std::is_same_v<T, bf16> && p.k <= 2048);
+    // Logits (f32 out of bf16: the final norm + lm_head, ~19k column groups) at any width: the
+    // register kernel would redo the norm prologue in each of its ~19k blocks.
+    constexpr bool logits = !std::is_same_v<OutT, T>;
+    const bool rule = std::is_same_v<T, bf16> && p.k <= 2048;
+    bool persist = tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
+    // As many blocks as fit an SM (registers and the normalised row), at most one a group.
+    int per_sm = 1;
     if (persist) {
-      // As many blocks as fit an SM (registers and the normalised row), at most one a group.
-      int per_sm = 1;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,
                                                         warps * 32, smem) != cudaSuccess || per_sm < 1) {
         (void)cudaGetLastError();
         per_sm = 1;
       }
+      if (tune.norm_persist < 0 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
+    }
+    if (persist) {
       const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
       return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
     }
@@ -1020,9 +1078,13 @@ void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm
 
 template <typename T>
 void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const void* norm_weight,
-                            float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count) {
+                            float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count,
+                            bool f32_out) {
   const OutInArgs<T> p{out, n, static_cast<const T*>(x), static_cast<const T*>(w), nullptr, 0.0f,
                        n, k, 1, static_cast<const T*>(norm_weight), eps};
+  if constexpr (!std::is_same_v<T, float>) {
+    if (f32_out) return launch_out_in<T, 1, float, true, false>(stream, p, sm_count);  // logits: one row
+  }
   if (swiglu) launch_norm_typed<T, true>(stream, p, m, sm_count);
   else launch_norm_typed<T, false>(stream, p, m, sm_count);
 }
@@ -1110,13 +1172,14 @@ bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t 
 
 void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
-                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count) {
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, DType out_dt) {
   if (m == 0 || n == 0) return;
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (dt == DType::f32) {
-    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
+    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count, false);
   } else {
-    launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count);
+    launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count,
+                                 out_dt == DType::f32);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

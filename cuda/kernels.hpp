@@ -131,8 +131,23 @@ struct GemvTuning {
   bool bulk_wide = false;
   int norm_occ = 0;
   bool evict_first = false;
-  // -1 (default): on for bf16 rows of up to 2048 elements (gemv.cu says why); 0 off; 1 on.
+  // -1 (default): on for bf16 rows of up to 2048 elements where one wave of persistent blocks
+  // covers every column group (gemv.cu says why), and for logits (bf16 in, f32 out: the final
+  // norm + lm_head) at any width; 0 off; 1 on; 2 the rule before 2026-12-04 (bf16 rows of up to
+  // 2048 elements however many groups, and the logits).
   int norm_persist = -1;
+  // norm_early_w (XSERV_CUDA_GEMV_NORM_EARLY_W=0 turns it off): the one-row RMSNorm GEMVs load
+  // the norm weight before the dependency wait (one 16-byte vector a thread, rows of up to 2048
+  // bf16). That weight is evicted from L2 by the weights streamed between two uses, so after the
+  // wait it was a DRAM round trip on every norm GEMV's critical path; the same values. Measured
+  // on the H200 (docs/benchmarks.md, "Batch-1 decode of the small Qwen3 models: ..."): Qwen3-1.7B
+  // b1 834.5 -> 848.7 tok/s, 0.6B 1481 -> 1487.
+  bool norm_early_w = true;
+  // resid_prefetch (XSERV_CUDA_GEMV_RESID_PREFETCH=0 turns it off): the bulk GEMV asks its first
+  // row's residual into L2 before the dependency wait (written kernels ago, evicted since by the
+  // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
+  // the small Qwen3 models").
+  bool resid_prefetch = true;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
@@ -175,13 +190,15 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
 // out[m, j] = silu(y[m, j]) * y[m, n + j] as launch_swiglu rounds it. out is [m, n] in dt.
 // Each block normalises the rows into shared memory, m * k elements: up to max_gemv_norm_smem
 // bytes (one or two 4096-wide bf16 rows) that prologue is cheaper than a separate norm kernel;
-// past it (larger batches) the separate kernels run.
+// past it (larger batches) the separate kernels run. out_dt f32 with bf16 x (logits: the final
+// norm and the lm_head of a decode step in one kernel) takes one row and no SwiGLU.
 constexpr std::size_t max_gemv_norm_smem = 16 * 1024;
 bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k,
                          const void* x, const void* norm_weight, const void* w) noexcept;
 void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
-                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count,
+                      DType out_dt);
 
 // The GEMV with GPT-2's LayerNorm before it and optionally GELU after it (one kernel instead of
 // two or three at decode): out[m, :] = gelu?(LayerNorm(x[m, :]) * norm_weight + norm_bias . W +
@@ -342,13 +359,15 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
                    void* select, std::int32_t* out_ids);
 // The same sampling when every row is greedy or has 0 < top_k <= k_max <= sample_topk_max_k
 // (sampling_topk.cu): the row split over many blocks, then a draw over the candidates.
-// `candidates` holds rows * sample_topk_candidates(vocab, k_max) u64 keys.
+// `candidates` holds rows * sample_topk_candidates(vocab, k_max) u64 keys. With `tickets`
+// (rows zeroed unsigned, left zeroed) and every row greedy (k_max = 1), one kernel: the last block
+// of a row picks its id (XSERV_CUDA_SAMPLE_ONE_PASS); otherwise the candidates and the draw kernel.
 inline constexpr int sample_topk_max_k = 1024;
 inline constexpr int sample_topk_max_candidates = 4096;
 int sample_topk_candidates(std::int64_t vocab, int k_max);
 void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
-                        void* candidates, std::int32_t* out_ids);
+                        void* candidates, unsigned* tickets, std::int32_t* out_ids);
 
 // logprobs.cu: log_softmax of raw logits [R, V] at ids[r] (device) into out_chosen [R], and the
 // top_n most likely tokens (value desc, id asc) into out_top_ids / out_top_lp [R, top_n].

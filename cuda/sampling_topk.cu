@@ -18,6 +18,11 @@
 // Phase 2, grid R, 1024 threads: the row's candidates (blocks_per_row * k_max <= 4096 keys) are
 //   sorted descending in shared memory (bitonic), and one thread applies top-k, top-p, min-p and
 //   the draw over at most k keys.
+// One kernel when every row is greedy (k_max = 1, `tickets` given: XSERV_CUDA_SAMPLE_ONE_PASS):
+//   phase 2 of a greedy row is the largest of its blocks' best keys, so the last block of a row
+//   to finish phase 1 (an atomic ticket it resets) takes that maximum and writes the id, and the
+//   1024-thread sort kernel and its launch between two decode steps go away. Same id: the
+//   largest key is the sort's first.
 #include <cstdlib>
 #include <string_view>
 
@@ -70,12 +75,30 @@ __device__ __forceinline__ void select_digit(const unsigned* bins, unsigned abov
   }
 }
 
+// The one-kernel greedy path: called by every thread of a block after its candidate is stored
+// (and a block barrier). Thread 0 makes the store visible and takes the row's ticket; the last
+// block of the row reads every block's best key from L2, writes the largest one's id and resets
+// the ticket for the next launch.
+__device__ __forceinline__ void greedy_finish(const u64* cand, unsigned* tickets, std::int32_t* out_ids,
+                                              int row, int nblk) {
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&tickets[row], 1u) != static_cast<unsigned>(nblk - 1)) return;
+  __threadfence();
+  const u64* c = cand + static_cast<std::int64_t>(row) * nblk;
+  u64 best = 0;
+  for (int b = 0; b < nblk; ++b) best = max(best, __ldcg(c + b));
+  out_ids[row] = key_id(best);
+  tickets[row] = 0;
+}
+
 // Phase 1. Rows with k = 1 (greedy, or top-k 1) need only the chunk's best key: one pass, a
 // block max, and no store back unless penalties or a temperature changed the logit. Other rows
 // run the radix select by count over the adjusted logits.
 __global__ void __launch_bounds__(phase1_threads)
     topk_candidates_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
-                           const std::uint32_t* counts, int k_max, bool legacy, u64* cand) {
+                           const std::uint32_t* counts, int k_max, bool legacy, u64* cand,
+                           unsigned* tickets, std::int32_t* out_ids) {
   static_assert(phase1_threads == 256, "select_digit: one thread per digit");
   __shared__ unsigned bins[256];
   __shared__ unsigned warp_totals[phase1_threads / 32];
@@ -111,6 +134,7 @@ __global__ void __launch_bounds__(phase1_threads)
       for (int w = 1; w < phase1_threads / 32; ++w) best = max(best, best_sh[w]);
       out[0] = best;
     }
+    if (tickets != nullptr) greedy_finish(cand, tickets, out_ids, row, nblk);
     return;
   }
 
@@ -159,6 +183,11 @@ __global__ void __launch_bounds__(phase1_threads)
       const u64 key = order_key(x[i], i);
       if (key >= floor) out[atomicAdd(&n_out, 1u)] = key;
     }
+  }
+  // With tickets every row is greedy: only a block whose chunk is empty (k = 0) comes here.
+  if (tickets != nullptr) {
+    __syncthreads();
+    greedy_finish(cand, tickets, out_ids, row, nblk);
   }
 }
 
@@ -234,7 +263,7 @@ int sample_topk_candidates(std::int64_t vocab, int k_max) {
 
 void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
-                        void* candidates, std::int32_t* out_ids) {
+                        void* candidates, unsigned* tickets, std::int32_t* out_ids) {
   if (rows == 0) return;
   const int n_cand = sample_topk_candidates(vocab, k_max);
   const int blocks = n_cand / k_max;
@@ -245,9 +274,11 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
   // thread 0 walking the bins), for before/after comparisons; read at every call.
   const char* env = std::getenv("XSERV_CUDA_SAMPLE_LEGACY");
   const bool legacy = env != nullptr && std::string_view(env) == "1";
+  unsigned* one_pass = k_max == 1 && !legacy ? tickets : nullptr;
   topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
-                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand);
+                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand, one_pass, out_ids);
   XSERV_CUDA_LAUNCH_CHECK();
+  if (one_pass != nullptr) return;
   const std::size_t smem = static_cast<std::size_t>(n_pow2) * sizeof(u64);
   static_assert(sample_topk_max_candidates * sizeof(u64) <= 48 * 1024, "phase 2 fits default smem");
   topk_draw_kernel<<<rows, phase2_threads, smem, stream>>>(params, n_cand, n_pow2, cand, out_ids);

@@ -181,6 +181,8 @@ class Backend {
   //   out = swiglu ? silu(y[:, :N/2]) * y[:, N/2:] : y     (as swiglu: W stacks gate, then up)
   // h_scratch [T, K] and, with swiglu, y_scratch [T, N] hold the intermediates when the steps
   // run separately (the default implementation); their contents afterwards are unspecified.
+  // Without swiglu, out may be f32 with x in another dtype, as gemm allows (logits: a decoder's
+  // final norm and lm_head).
   virtual void rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                              const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch);
 

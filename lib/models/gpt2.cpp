@@ -136,7 +136,9 @@ class Gpt2 final : public Model {
     }
     if (r == 0 || !shard_.leader()) return logits.rows(0, 0);
     Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);
-    be.gather_rows(rt, xt, b.logit_rows);
+    // Logit rows are ascending and distinct: as many as the tokens (a decode step) are all of them.
+    if (r == t) rt = xt;
+    else be.gather_rows(rt, xt, b.logit_rows);
     be.layer_norm(rn, rt, {}, lnf_w, lnf_b, c.norm_eps);
     be.gemm(lt, rn, lm_head.empty() ? wte : lm_head, WeightLayout::out_in, {});
     return lt;

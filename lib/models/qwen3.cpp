@@ -186,9 +186,12 @@ class Qwen3 final : public Model {
     }
     if (r == 0 || !shard_.leader()) return logits.rows(0, 0);
     Tensor rt = rows.rows(0, r), rn = rows_normed.rows(0, r), lt = logits.rows(0, r);
-    be.gather_rows(rt, xt, b.logit_rows);
-    be.rms_norm(rn, rt, {}, final_norm, c.norm_eps);
-    be.gemm(lt, rn, lm_head.empty() ? embed : lm_head, WeightLayout::out_in, {});
+    // Logit rows are ascending and distinct, so as many as the tokens are all of them (every
+    // decode step): no gather. The final norm and the lm_head as one op, which CUDA runs as one
+    // kernel at one row.
+    if (r == t) rt = xt;
+    else be.gather_rows(rt, xt, b.logit_rows);
+    be.rms_norm_gemm(lt, rt, final_norm, c.norm_eps, lm_head.empty() ? embed : lm_head, false, rn, {});
     return lt;
   }
 };

@@ -348,6 +348,44 @@ TEST_CASE("cuda rms_norm_gemm: the fused decode GEMV (norm prologue, SwiGLU epil
   }
 }
 
+TEST_CASE("cuda rms_norm_gemm to f32 logits: the final norm and the lm_head as one GEMV", "[cuda]") {
+  // XSERV_CUDA_LOGITS_NORM_GEMV=1: bf16 x, f32 out at one row runs the norm GEMV with an f32
+  // output (the persistent kernel at any K by default; the register kernel with norm_persist 0,
+  // which must give the same bits); two rows and the switch off take the separate kernels.
+  // Against the CPU's rms_norm + gemm (f32 intermediates), the bf16 tolerance of rms_norm_gemm.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  struct Reset {
+    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+  } reset;
+  for (const char* on : {"1", "0"}) {
+    const ScopedEnv fold("XSERV_CUDA_LOGITS_NORM_GEMV", on);
+    GpuCpu be;
+    std::mt19937 rng(37);
+    struct Case {
+      std::int64_t m, k, n;
+    };
+    // n = 151936: Qwen3's vocabulary (many column groups a persistent block); k = 4096: Qwen3-8B's
+    // hidden size (past the default persistent rule of the other norm GEMVs); 4104: a K tail.
+    const Case cases[] = {{1, 1024, 151936}, {1, 2048, 3000}, {1, 4096, 1000}, {1, 4104, 40},
+                          {1, 64, 24},       {2, 1024, 500}};
+    for (const auto& c : cases) {
+      INFO("switch " << on << " m=" << c.m << " k=" << c.k << " n=" << c.n);
+      const RmsNormGemmCase t = rms_norm_gemm_case(rng, be.cpu, DType::bf16, c.m, c.k, c.n, false);
+      const Tensor x = be.gpu_tensor(t.x, DType::bf16, {c.m, c.k}), g = be.gpu_tensor(t.g, DType::bf16, {c.k}),
+                   w = be.gpu_tensor(t.w, DType::bf16, {c.n, c.k});
+      std::vector<std::vector<float>> got;
+      for (int persist : {-1, 0}) {
+        cuda::gemv_tuning().norm_persist = persist;
+        Tensor out = be.gpu_poisoned(DType::f32, {c.m, c.n});
+        be.gpu->rms_norm_gemm(out, x, g, 1e-6f, w, false, be.gpu_poisoned(DType::bf16, {c.m, c.k}), Tensor());
+        got.push_back(be.read(out));
+        require_close(got.back(), t.want, 2.5e-2, 2e-2);
+      }
+      REQUIRE(got[0] == got[1]);
+    }
+  }
+}
+
 TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prologue and SwiGLU epilogue",
           "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
@@ -543,7 +581,9 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   // forms of 2026-12-03 (bulk_wide: k = 16384 reads its activation from global memory; norm_occ:
   // the register-capped norm GEMVs; evict_first: the L2 policy on the weight loads) and wpr -2
   // the persistent norm GEMV (norm_persist; n = 12000 walks several column groups a block), which
-  // must also equal the defaults bit for bit (the same loads and sums in the same order).
+  // must also equal the defaults bit for bit (the same loads and sums in the same order); wpr -5
+  // and -6 the persistent and the register norm GEMV with the norm weight loaded before the wait
+  // (norm_early_w; the norm products only, the plain ones do not read it), the same bits again.
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(33);
@@ -557,7 +597,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   } reset;
   for (DType dt : kActs) {
     for (const auto& c : cases) {
-      for (int wpr : {1, 2, 4, 8, 0, -1, -2}) {
+      for (int wpr : {1, 2, 4, 8, 0, -1, -2, -5, -6}) {
         // The bulk kernel (wpr 0) reads its outputs ahead (early_out, the default).
         const auto tuning = [](int split) {
           cuda::GemvTuning t{std::max(split, 0), std::max(split, 0), false, split <= 0, true, 0};
@@ -566,11 +606,12 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             t.norm_occ = 3;
             t.evict_first = true;
           }
-          t.norm_persist = split == -2;
+          t.norm_persist = split == -2 || split == -5 ? 1 : 0;
+          t.norm_early_w = split <= -5;
           return t;
         };
         cuda::gemv_tuning() = tuning(wpr);
-        for (int variant = 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
+        for (int variant = wpr <= -5 ? 2 : 0; variant < 3; ++variant) {  // plain + beta, plain f32 out, norm (+swiglu)
           const bool norm = variant == 2;
           for (bool swiglu : {false, true}) {
             if (swiglu && !norm) continue;

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "cuda_test_util.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace xserv;
 using namespace xserv::test;
@@ -157,6 +158,41 @@ TEST_CASE("cuda sample of many greedy and top-k rows matches the CPU backend", "
             REQUIRE(after[static_cast<std::size_t>(r * vocab + i)] == expect);
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda sample: greedy batches in one kernel (XSERV_CUDA_SAMPLE_ONE_PASS) match the CPU backend", "[cuda]") {
+  // The last block of a row picks the id from the blocks' best keys and resets its ticket, so a
+  // second launch on the same backend must be right too. Vocab 100: 64 blocks of 2 logits, so
+  // the last 14 blocks of a row have empty chunks and still take their tickets. Ties: the lower
+  // id wins; penalised rows: the adjusted logits.
+  XSERV_REQUIRE_CUDA_DEVICE();
+  const ScopedEnv one("XSERV_CUDA_SAMPLE_ONE_PASS", "1");
+  GpuCpu be;
+  std::mt19937 rng(16);
+  for (std::int64_t vocab : {37, 100, 151936}) {
+    for (std::int64_t rows : {1, 13, 130}) {
+      for (int round = 0; round < 2; ++round) {
+        SamplingBatch sb;
+        for (std::int64_t r = 0; r < rows; ++r) sb.rows.push_back(row_of(0.0f, 0, 1.0f, 0.0f, static_cast<std::uint64_t>(r)));
+        for (auto r = static_cast<std::size_t>(round); r < sb.rows.size(); r += 3) sb.rows[r].repetition_penalty = 1.3f;
+        add_histories(sb, vocab);
+        INFO("vocab " << vocab << " rows " << rows << " round " << round);
+        auto logits = randn(rng, static_cast<std::size_t>(rows * vocab), 3.0f);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          float* x = logits.data() + r * vocab;
+          const std::int64_t at = (r * 7919 + round) % vocab, twin = (at + vocab / 2 + 1) % vocab;
+          x[at] = 20.0f;
+          if (r % 2 == 0) x[twin] = 20.0f;
+        }
+        auto cl = logits;
+        std::vector<std::int32_t> want(static_cast<std::size_t>(rows)), got(want.size(), -1);
+        be.cpu.sample(host_view(cl, {rows, vocab}), sb, want.data());
+        Tensor gl = be.gpu_tensor(logits, DType::f32, {rows, vocab});
+        be.gpu->sample(gl, sb, got.data());
+        REQUIRE(got == want);
       }
     }
   }
