@@ -562,6 +562,7 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
       INFO("x elements past one bf16 ulp of x and of the product + 1e-4: " << past << " of " << want_x.size()
                                                                           << "; worst " << worst << " ulp of x");
       CHECK(past == 0);
+      require_close(runs_x[0], want_x, 1e-2, 1e-2);  // and the tolerance of before 2026-12-04
       require_close(runs_out[0], want, 2.5e-2, 2e-2);
       if (bi == 0) {
         base_out = runs_out[0];
@@ -625,7 +626,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             auto out0 = randn(rng, static_cast<std::size_t>(c.n));
             for (auto* v : {&x, &g, &w, &out0}) round_through(*v, dt);
             const DType out_dt = variant == 1 ? DType::f32 : dt;
-            std::vector<float> want(static_cast<std::size_t>(c.n)), slack;
+            std::vector<float> want(static_cast<std::size_t>(c.n));
             Tensor gout;
             // wpr -1: the same product under the defaults, for the bit-for-bit comparison.
             std::vector<float> defaults;
@@ -643,7 +644,18 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
               be.cpu.rms_norm_gemm(host_view(want, {1, c.n}), host_view(x, {1, c.k}), host_view(g, {c.k}), 1e-6f,
                                    host_view(w, {rows, c.k}), swiglu, host_view(h, {1, c.k}),
                                    swiglu ? host_view(y, {1, rows}) : Tensor());
-              if (swiglu && dt != DType::f32) slack = swiglu_rounding_slack(y, static_cast<std::size_t>(c.n));
+              if (swiglu && dt != DType::f32) {
+                // The GPU writes silu(gate) * up with the swiglu kernel's roundings, as HF does:
+                // gate and up rounded to bf16, silu rounded, then the product. The CPU keeps them
+                // in f32, and where a large gate and up give a small output that difference alone
+                // can pass the tolerance (H200, 2026-12-04: 0.350 for 0.383, k = 1024), so the
+                // reference takes the same roundings; the tolerance below is unchanged.
+                round_through(y, dt);
+                std::vector<float> act(want.size());
+                for (std::size_t j = 0; j < act.size(); ++j) act[j] = y[j] / (1.0f + std::exp(-y[j]));
+                round_through(act, dt);
+                for (std::size_t j = 0; j < want.size(); ++j) want[j] = act[j] * y[want.size() + j];
+              }
               const auto run = [&] {
                 gout = be.gpu_poisoned(dt, {1, c.n});
                 be.gpu->rms_norm_gemm(gout, be.gpu_tensor(x, dt, {1, c.k}), be.gpu_tensor(g, dt, {c.k}), 1e-6f,
@@ -671,7 +683,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
             // output: one rounding (and the norm's roundings as HF does them), the CPU keeps f32.
             const bool exact_out = out_dt == DType::f32;
             require_close(be.read(gout), want, exact_out ? (dt == DType::f32 ? 2e-5 : 1e-4) : 2.5e-2,
-                          exact_out ? 1e-4 : 2e-2, slack.empty() ? nullptr : &slack);
+                          exact_out ? 1e-4 : 2e-2);
           }
         }
       }
