@@ -297,6 +297,8 @@ extern "C" {
 
 const char* xserv_version(void) { return XSERV_VERSION_STRING; }
 
+bool xserv_cuda_available(void) { return xserv::cuda_available(); }
+
 const char* xserv_status_string(xserv_status status) {
   switch (enum_value(status)) {
     case XSERV_OK: return "ok";

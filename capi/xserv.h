@@ -99,6 +99,11 @@ XSERV_API const char* xserv_status_string(xserv_status status);
  * not clear it; look at it only after a call returned an error. */
 XSERV_API const char* xserv_last_error(void);
 
+/* True when this build has the CUDA backend and a usable GPU is visible: what
+ * XSERV_DEVICE_AUTO picks. Hosts use it to size what differs by device before loading (a
+ * server's tokens per step, say). Thread-safe; never fails. */
+XSERV_API bool xserv_cuda_available(void);
+
 /* Frees a string the library allocated (xserv_generate's out_text). NULL is a no-op. */
 XSERV_API void xserv_string_free(char* str);
 

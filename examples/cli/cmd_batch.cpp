@@ -3,6 +3,7 @@
 // order.
 //
 //   xserv-cli batch -m DIR [--device auto|cpu|cuda] [--kv-cache-tokens N] [--max-seqs N]
+//                   [--max-batch-tokens N]
 //       [--threads N] [--tp N] < requests.jsonl > results.jsonl
 //
 // A request line is an object with "prompt" (string) or "messages" (array of {role, content},
@@ -50,6 +51,8 @@ const char* kUsage = R"(usage: xserv-cli batch -m DIR [options] < requests.jsonl
   --device auto|cpu|cuda     default auto: cuda when a GPU is usable, else cpu
   --kv-cache-tokens N        KV-cache pool size in tokens (default: the engine's)
   --max-seqs N               requests running at once (default 256)
+  --max-batch-tokens N       tokens per engine step, prompt chunks and decodes (default 8192
+                             on CUDA, 512 on the CPU)
   --threads N                CPU worker threads (default: all cores)
   --tp N                     split the model over N GPUs 0 .. N-1 (tensor parallelism over
                              NCCL; on the CPU N ranks of threads); default 1
@@ -65,6 +68,7 @@ struct Options {
   std::string model, device;
   std::int64_t kv_cache_tokens = 0;
   std::int32_t max_seqs = 256;
+  std::int32_t max_batch_tokens = 0;  // 0: by device (run_batch)
   std::size_t threads = 0;
   int tp = 1;
   bool help = false;
@@ -82,6 +86,7 @@ Options parse_options(const Args& args) {
     else if (a == "--device") o.device = value();
     else if (a == "--kv-cache-tokens") o.kv_cache_tokens = parse_number<std::int64_t>(a, value());
     else if (a == "--max-seqs") o.max_seqs = parse_number<std::int32_t>(a, value());
+    else if (a == "--max-batch-tokens") o.max_batch_tokens = parse_number<std::int32_t>(a, value());
     else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
     else if (a == "--tp") o.tp = parse_number<int>(a, value());
     else if (a == "-h" || a == "--help") o.help = true;
@@ -90,6 +95,8 @@ Options parse_options(const Args& args) {
   if (o.help) return o;
   XSERV_CHECK(!o.model.empty(), ErrorCode::invalid_argument, "-m DIR (the model directory) is required");
   XSERV_CHECK(o.max_seqs > 0, ErrorCode::invalid_argument, "--max-seqs must be at least 1");
+  XSERV_CHECK(o.max_batch_tokens >= 0 && o.max_batch_tokens <= (1 << 20), ErrorCode::invalid_argument,
+              "--max-batch-tokens takes 1 ..= {} (0: the device's default)", 1 << 20);
   XSERV_CHECK(o.kv_cache_tokens >= 0, ErrorCode::invalid_argument, "--kv-cache-tokens must not be negative");
   check_model_path(o.model, ModelPath::directory);
   return o;
@@ -282,7 +289,13 @@ int run_batch(const Args& args) {
     return 0;
   }
   const Tokenizer tok = Tokenizer::load(o.model);
-  auto group = load_model_group(o.model, o.device, o.tp, o.threads);
+  // Offline batches live on throughput: on a GPU, 8192-token steps take many prompts in one
+  // forward (as xserv-server's default); the CPU keeps the library's 512. The model's workspace
+  // is sized for the step.
+  ModelOptions mo;
+  if (o.max_batch_tokens > 0) mo.max_batch_tokens = o.max_batch_tokens;
+  else if (pick_device(o.device) == DeviceKind::cuda) mo.max_batch_tokens = 8192;
+  auto group = load_model_group(o.model, o.device, o.tp, o.threads, mo);
   Model* model = &group->leader();
 
   std::vector<Item> items;
@@ -295,6 +308,7 @@ int run_batch(const Args& args) {
   EngineOptions eo;
   eo.max_seqs = o.max_seqs;
   eo.kv_cache_tokens = o.kv_cache_tokens;
+  eo.max_batch_tokens = mo.max_batch_tokens;
   Engine engine(*group, &tok, eo);
   run_all(engine, items);
 

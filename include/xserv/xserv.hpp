@@ -62,6 +62,9 @@ inline void check(xserv_status status) {
 }  // namespace detail
 
 inline std::string version() { return xserv_version(); }
+// True when this build has the CUDA backend and a usable GPU is visible (what Device::automatic
+// picks).
+inline bool cuda_available() { return xserv_cuda_available(); }
 
 enum class Device { automatic = XSERV_DEVICE_AUTO, cpu = XSERV_DEVICE_CPU, cuda = XSERV_DEVICE_CUDA };
 enum class DType {

@@ -265,6 +265,18 @@ static xserv_model* load_model(void) {
   return model;
 }
 
+/* XSERV_DEVICE_AUTO lands where xserv_cuda_available() says it will (a host sizes its
+ * steps from the answer before loading). */
+static void test_auto_device(void) {
+  xserv_model* model = NULL;
+  xserv_model_params mp = xserv_model_default_params();
+  const bool cuda = xserv_cuda_available();
+  CHECK(xserv_cuda_available() == cuda); /* stable between calls */
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_OK, "");
+  if (model != NULL) CHECK(strcmp(xserv_model_device(model), cuda ? "cuda" : "cpu") == 0);
+  xserv_model_free(model);
+}
+
 static void test_cancelled_load(void) {
   xserv_model* model = NULL;
   xserv_model_params mp = xserv_model_default_params();
@@ -641,6 +653,7 @@ int main(void) {
     if (file_exists(weights)) {
       xserv_model* model = load_model();
       test_cancelled_load();
+      test_auto_device();
       if (model != NULL) {
         test_info(model);
         test_tokenize(model);

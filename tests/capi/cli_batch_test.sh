@@ -71,6 +71,11 @@ batch "$work/out2" --max-seqs 2 --kv-cache-tokens 128 --device cpu --threads 2
 diff <(sed 's/"cached_tokens":[0-9]*//' "$work/out") <(sed 's/"cached_tokens":[0-9]*//' "$work/out2") > /dev/null ||
   fail "--max-seqs 2 changed the results: $(diff "$work/out" "$work/out2")"
 
+# Steps of 4 tokens (prompts in chunks, decodes queued behind the budget): the same results.
+batch "$work/out4" --max-batch-tokens 4 --device cpu --threads 2
+diff <(sed 's/"cached_tokens":[0-9]*//' "$work/out") <(sed 's/"cached_tokens":[0-9]*//' "$work/out4") > /dev/null ||
+  fail "--max-batch-tokens 4 changed the results: $(diff "$work/out" "$work/out4")"
+
 # Only good lines: exit 0.
 head -n 2 "$work/in" | timeout 120 "$cli" batch -m "$model" > "$work/out3" 2> "$work/err" ||
   fail "a batch of good lines must exit 0: $(cat "$work/err")"
@@ -86,5 +91,7 @@ expect_error "-m DIR (the model directory) is required"
 expect_error "cannot open '/nonexistent'" -m /nonexistent
 expect_error "--max-seqs: 'x' is not a valid number" -m "$model" --max-seqs x
 expect_error "unknown option '--bogus'" -m "$model" --bogus
+expect_error "--max-batch-tokens takes 1 ..= 1048576" -m "$model" --max-batch-tokens 2000000
+expect_error "--max-batch-tokens takes 1 ..= 1048576" -m "$model" --max-batch-tokens -3
 "$cli" batch --help | grep -q "max_tokens" || fail "--help must describe the request fields"
 echo "cli_batch_test: ok"
