@@ -12,11 +12,14 @@
 #     libpcre2-posix3 libutf8proc-dev libutf8proc2 libcpp-httplib-dev libcpp-httplib0.11 \
 #     nlohmann-json3-dev libssl-dev zlib1g-dev libbrotli-dev libbrotli1
 # then on the GPU machine (carry .devdeps):
-#   bash bench/server_bench.sh [CLIENTS] [GEN_TOKENS]
+#   [MODEL=qwen3-8b] [SERVER_ARGS="--max-batch-tokens 512"] bash bench/server_bench.sh [CLIENTS] [GEN_TOKENS]
+# (MODEL: a make_random_model.py name; SERVER_ARGS: more xserv-server options; ENGINE_BENCH=0
+# skips the engine's own figure)
 # Logs land in $OUT (server.txt, build.txt); the last lines printed are the result.
 set -uo pipefail
 clients=${1:-64}
 gen=${2:-128}
+name=${MODEL:-qwen3-8b}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source scripts/device-env.sh
@@ -35,13 +38,13 @@ cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTU
   { tail -40 "$OUT/build.txt"; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
 
-echo "== random Qwen3-8B"
-model=/tmp/models/qwen3-8b
-[ -f "$model/config.json" ] || python3 .devdeps/tools/make_random_model.py /tmp/models qwen3-8b || exit 1
+echo "== random $name"
+model=/tmp/models/$name
+[ -f "$model/config.json" ] || python3 .devdeps/tools/make_random_model.py /tmp/models "$name" || exit 1
 
 echo "== server"
 /tmp/b/examples/server/xserv-server -m "$model" --device cuda --port 0 --max-seqs "$clients" \
-  --model-name qwen3-8b >"$OUT/server.txt" 2>&1 &
+  --model-name "$name" ${SERVER_ARGS:-} >"$OUT/server.txt" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 port=""
@@ -58,11 +61,11 @@ grep -E "ready|listening" "$OUT/server.txt"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
 echo "== $clients concurrent streaming chat requests, $gen tokens each"
-python3 bench/server_bench.py "http://127.0.0.1:$port" qwen3-8b --clients "$clients" --gen "$gen" \
+python3 bench/server_bench.py "http://127.0.0.1:$port" "$name" --clients "$clients" --gen "$gen" \
   --prompt-words 113 --rounds 2 | tee "$OUT/server_bench.txt"
 kill $server; wait $server 2>/dev/null
 
-if [ "$engine_bench" = ON ]; then
+if [ "$engine_bench" = ON ] && [ "${ENGINE_BENCH:-1}" = 1 ]; then  # ENGINE_BENCH=0: skip it
   echo "== the engine alone (bench/serve_bench): $clients requests at once, 128-token prompts, $gen out"
   /tmp/b/bench/serve_bench -m "$model" --device cuda --concurrency "$clients" --prompt-len 128 \
     --gen-len "$gen" 2>&1 | tee "$OUT/serve_bench.txt"
