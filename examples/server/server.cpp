@@ -289,8 +289,11 @@ class Server {
     });
     const int status = load() ? 0 : 1;
     if (status == 0) {
-      std::fprintf(stderr, "xserv-server: ready: %s as '%s'\n", model_->desc().c_str(),
-                   o_.model_name.c_str());
+      const std::string step = o_.engine.max_batch_tokens > 0
+                                   ? ", " + std::to_string(o_.engine.max_batch_tokens) + " tokens a step"
+                                   : std::string();  // the library's default
+      std::fprintf(stderr, "xserv-server: ready: %s as '%s'%s\n", model_->desc().c_str(),
+                   o_.model_name.c_str(), step.c_str());
       wait_for_signal();
     }
     // Handlers still waiting for events cancel their requests (they look at this flag at least
