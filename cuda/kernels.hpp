@@ -148,6 +148,14 @@ struct GemvTuning {
   // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
   // the small Qwen3 models").
   bool resid_prefetch = true;
+  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; opt-in while measured): the one-row GEMVs
+  // let the next kernel launch (griddepcontrol.launch_dependents) before their own dependency
+  // wait instead of after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register
+  // and persistent kernels: q|k|v, gate|up). The o_proj runs while the decode attention computes
+  // and, its weight already in its shared-memory ring, leaves DRAM idle; with the early trigger
+  // the gate|up GEMV's blocks can become resident then and issue their first weight loads. The
+  // next kernel still waits for this one to complete (griddepcontrol.wait): the same results.
+  int early_trigger = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
