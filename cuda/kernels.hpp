@@ -156,6 +156,11 @@ struct GemvTuning {
   // the gate|up GEMV's blocks can become resident then and issue their first weight loads. The
   // next kernel still waits for this one to complete (griddepcontrol.wait): the same results.
   int early_trigger = 0;
+  // bulk_grid (XSERV_CUDA_GEMV_BULK_GRID=N; opt-in while measured): the bulk kernel on at most N
+  // blocks (a warp then takes more rows) where every warp's rows still fit its ring. Qwen3-1.7B's o_proj runs 256 blocks of 101 KB, two an
+  // SM, while the decode attention holds 8 SMs with 130 KB blocks: 248 fit beside it, and the
+  // other 8 start, and only then fetch their rows, after the attention ends.
+  int bulk_grid = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
