@@ -1367,7 +1367,8 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
 // and attention (run_attention_case with one_op, the tolerance of the folded mma kernel). Then
 // exactly: its k and v cache rows equal the folded mma kernel's (XSERV_CUDA_ATTN_SHORT=0: the
 // same transform, transform_lane against transform_head), and its output is the same on a second
-// launch over the same inputs (no order depends on timing). Rows of 1-256 keys around the 16-key chunks, a warp's second chunk (129+)
+// launch over the same inputs (no order depends on timing); the register-capped form
+// (XSERV_CUDA_ATTN_SHORT=2) gives the same bits. Rows of 1-256 keys around the 16-key chunks, a warp's second chunk (129+)
 // and the 256-key bucket, in batches of 8 rows and single rows; GQA 1, 2, 3, 4, 5, 8; head_dim 64
 // and 128; cache blocks of 16 and 5 keys.
 TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") {
@@ -1435,6 +1436,11 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
         const Result mma = run(seed, g, *seqs, bs, "0");
         REQUIRE(one.k == mma.k);
         REQUIRE(one.v == mma.v);
+        // The same kernel within fewer registers (XSERV_CUDA_ATTN_SHORT=2): the same bits.
+        const Result tight = run(seed, g, *seqs, bs, "2");
+        REQUIRE(tight.out == one.out);
+        REQUIRE(tight.k == one.k);
+        REQUIRE(tight.v == one.v);
       }
     }
   }
