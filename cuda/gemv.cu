@@ -892,8 +892,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER and _BULK_GRID: see
-// gemv_tuning() in kernels.hpp.
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _BULK_GRID and _SWIGLU_WPR:
+// see gemv_tuning() in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
@@ -912,6 +912,7 @@ GemvTuning tuning_from_env() noexcept {
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
   t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
   t.bulk_grid = get("XSERV_CUDA_GEMV_BULK_GRID");
+  t.swiglu_wpr = get("XSERV_CUDA_GEMV_SWIGLU_WPR");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -960,6 +961,9 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
+  // swiglu_wpr: the SwiGLU GEMV at one row on persistent blocks with that split (kernels.hpp).
+  const bool swiglu_split = M == 1 && Swiglu && (tune.swiglu_wpr == 2 || tune.swiglu_wpr == 4 || tune.swiglu_wpr == 8);
+  if (swiglu_split) p.wpr = tune.swiglu_wpr;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
@@ -977,7 +981,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
     // register kernel would redo the norm prologue in each of its ~19k blocks.
     constexpr bool logits = !std::is_same_v<OutT, T>;
     const bool rule = std::is_same_v<T, bf16> && p.k <= 2048;
-    bool persist = tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
+    bool persist = swiglu_split || tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
     // As many blocks as fit an SM (registers and the normalised row), at most one a group.
     int per_sm = 1;
     if (persist) {
@@ -986,7 +990,8 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
         (void)cudaGetLastError();
         per_sm = 1;
       }
-      if (tune.norm_persist < 0 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
+      if (tune.norm_persist < 0 && !logits && !swiglu_split && grid.x > static_cast<unsigned>(per_sm * sm_count))
+        persist = false;
     }
     if (persist) {
       const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));

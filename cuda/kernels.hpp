@@ -161,6 +161,14 @@ struct GemvTuning {
   // SM, while the decode attention holds 8 SMs with 130 KB blocks: 248 fit beside it, and the
   // other 8 start, and only then fetch their rows, after the attention ends.
   int bulk_grid = 0;
+  // swiglu_wpr (XSERV_CUDA_GEMV_SWIGLU_WPR=N, 2/4/8; opt-in while measured): the one-row RMSNorm +
+  // gate|up + SwiGLU GEMV on the persistent blocks with N warps a column (each warp half or less
+  // of K of the column's gate and up rows), so a column group is one batch of loads a warp and the
+  // groups spread evenly over the blocks: Qwen3-1.7B's gate|up is 1536 groups of 4 columns over
+  // 528 blocks (2.9 rounds) instead of 768 one-wave-and-a-half register blocks whose norm prologue
+  // and reduction each leave their SM with only the first batch in flight. Sums in another order
+  // (the split's), within the op test's tolerance.
+  int swiglu_wpr = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

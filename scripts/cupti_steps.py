@@ -152,13 +152,13 @@ def main(path, show_steps, top, last_prefill=False, order=False):
 
 def print_order(ss):
     """The common decode step's kernels in launch order, averaged over its steps (--order)."""
-    segs = [[g for g in s["seg"] if g[2] == "kernel"] for s in ss]
-    n = collections.Counter(len(k) for k in segs).most_common(1)[0][0]
-    segs = [k for k in segs if len(k) == n]
-    prev_end = [None] * len(segs)  # the previous step's last kernel end, where known
-    for j, s in enumerate(ss):
-        if j > 0 and len([g for g in ss[j - 1]["seg"] if g[2] == "kernel"]) == n:
-            prev_end[j] = max(g[1] for g in ss[j - 1]["seg"] if g[2] == "kernel")
+    all_segs = [[g for g in s["seg"] if g[2] == "kernel"] for s in ss]
+    n = collections.Counter(len(k) for k in all_segs).most_common(1)[0][0]
+    segs, prev_end = [], []  # prev_end: the previous step's last kernel end, where known
+    for j, k in enumerate(all_segs):
+        if len(k) == n:
+            segs.append(k)
+            prev_end.append(max(g[1] for g in all_segs[j - 1]) if j > 0 and all_segs[j - 1] else None)
     print(f"\nthe decode step in launch order ({len(segs)} steps of {n} kernels; us, means):")
     print(f"  {'#':>3s} {'kernel':56s} {'grid':>12s} {'start':>8s} {'dur':>7s} {'gap':>6s} {'end+':>6s}")
     by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])

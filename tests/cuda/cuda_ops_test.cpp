@@ -52,7 +52,7 @@ TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
   GpuCpu be;
   std::mt19937 rng(1);
   for (DType dt : kActs) {
-    for (std::int64_t d : {64, 768, 1000}) {
+    for (std::int64_t d : {64, 768, 1000, 4096}) {
       for (bool pos : {false, true}) {
         INFO(dtype_name(dt) << " d=" << d << " pos=" << pos);
         const std::int64_t vocab = 300, npos = 64, t = 37;
@@ -66,11 +66,18 @@ TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
         std::vector<float> want(static_cast<std::size_t>(t * d));
         be.cpu.embedding(host_view(want, {t, d}), host_view(ids, {t}), host_view(table, {vocab, d}),
                          pos ? host_view(ptab, {npos, d}) : Tensor(), host_view(positions, {t}));
-        Tensor out = be.gpu_poisoned(dt, {t, d});
-        be.gpu->embedding(out, be.gpu_ints(ids, {t}), be.gpu_tensor(table, dt, {vocab, d}),
-                          pos ? be.gpu_tensor(ptab, dt, {npos, d}) : Tensor(),
-                          be.gpu_ints(positions, {t}));
-        require_close(be.read(out), want, tol(dt) * 0.1, tol(dt));
+        std::vector<float> scalar;
+        for (const char* vec : {"0", "1"}) {  // XSERV_CUDA_EMBED_VEC: the vector kernel gives the same bits
+          INFO("XSERV_CUDA_EMBED_VEC=" << vec);
+          const ScopedEnv env_vec("XSERV_CUDA_EMBED_VEC", vec);
+          Tensor out = be.gpu_poisoned(dt, {t, d});
+          be.gpu->embedding(out, be.gpu_ints(ids, {t}), be.gpu_tensor(table, dt, {vocab, d}),
+                            pos ? be.gpu_tensor(ptab, dt, {npos, d}) : Tensor(),
+                            be.gpu_ints(positions, {t}));
+          require_close(be.read(out), want, tol(dt) * 0.1, tol(dt));
+          if (scalar.empty()) scalar = be.read(out);
+          else REQUIRE(be.read(out) == scalar);
+        }
       }
     }
   }
