@@ -962,7 +962,9 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   // swiglu_wpr: the SwiGLU GEMV at one row on persistent blocks with that split (kernels.hpp).
-  const bool swiglu_split = M == 1 && Swiglu && (tune.swiglu_wpr == 2 || tune.swiglu_wpr == 4 || tune.swiglu_wpr == 8);
+  // bf16 rows of up to 2048 elements, the persistent kernel's domain (Qwen3-8B's 4096 keep theirs).
+  const bool swiglu_split = M == 1 && Swiglu && std::is_same_v<T, bf16> && p.k <= 2048 &&
+                            (tune.swiglu_wpr == 2 || tune.swiglu_wpr == 4 || tune.swiglu_wpr == 8);
   if (swiglu_split) p.wpr = tune.swiglu_wpr;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);

@@ -162,7 +162,7 @@ struct GemvTuning {
   // other 8 start, and only then fetch their rows, after the attention ends.
   int bulk_grid = 0;
   // swiglu_wpr (XSERV_CUDA_GEMV_SWIGLU_WPR=N, 2/4/8; opt-in while measured): the one-row RMSNorm +
-  // gate|up + SwiGLU GEMV on the persistent blocks with N warps a column (each warp half or less
+  // gate|up + SwiGLU GEMV of bf16 rows up to 2048 wide on the persistent blocks with N warps a column (each warp half or less
   // of K of the column's gate and up rows), so a column group is one batch of loads a warp and the
   // groups spread evenly over the blocks: Qwen3-1.7B's gate|up is 1536 groups of 4 columns over
   // 528 blocks (2.9 rounds) instead of 768 one-wave-and-a-half register blocks whose norm prologue
