@@ -892,8 +892,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _BULK_GRID and _SWIGLU_WPR:
-// see gemv_tuning() in kernels.hpp.
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _BULK_GRID, _SWIGLU_WPR and
+// _SWIGLU_PER_SM: see gemv_tuning() in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
@@ -913,6 +913,7 @@ GemvTuning tuning_from_env() noexcept {
   t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
   t.bulk_grid = get("XSERV_CUDA_GEMV_BULK_GRID");
   t.swiglu_wpr = get("XSERV_CUDA_GEMV_SWIGLU_WPR");
+  t.swiglu_per_sm = get("XSERV_CUDA_GEMV_SWIGLU_PER_SM");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -992,6 +993,8 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
         (void)cudaGetLastError();
         per_sm = 1;
       }
+      // swiglu_per_sm: fewer blocks an SM leave room for the down_proj's first blocks (kernels.hpp).
+      if (swiglu_split && tune.swiglu_per_sm > 0) per_sm = std::min(per_sm, tune.swiglu_per_sm);
       if (tune.norm_persist < 0 && !logits && !swiglu_split && grid.x > static_cast<unsigned>(per_sm * sm_count))
         persist = false;
     }

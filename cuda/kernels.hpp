@@ -169,6 +169,11 @@ struct GemvTuning {
   // and reduction each leave their SM with only the first batch in flight. Sums in another order
   // (the split's), within the op test's tolerance.
   int swiglu_wpr = 0;
+  // swiglu_per_sm (XSERV_CUDA_GEMV_SWIGLU_PER_SM=N, with swiglu_wpr; opt-in while measured): at
+  // most N of those persistent blocks an SM. At 3 (49 K registers) one block of the down_proj's
+  // bulk GEMV (12 K registers, 109 KB) fits beside them; launched under PDL as soon as every
+  // gate|up block has passed its wait, it fills its ring (12 KB a warp) while the gate|up streams.
+  int swiglu_per_sm = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

@@ -718,7 +718,8 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
 
 // XSERV_CUDA_GEMV_SWIGLU_WPR (issue 12, 2026-12-04): the one-row RMSNorm + SwiGLU GEMV on
 // persistent blocks with 2, 4 or 8 warps a column must equal the register kernel forced to the
-// same split bit for bit (the same loads, sums and roundings per column), and the CPU within the
+// same split bit for bit (the same loads, sums and roundings per column; also on fewer blocks an
+// SM, XSERV_CUDA_GEMV_SWIGLU_PER_SM), and the CPU within the
 // one-row GEMV test's tolerance (its SwiGLU reference with the GPU's bf16 roundings). Shapes: the
 // Qwen3-1.7B and 0.6B gate|up, columns that leave the last group short, K not a multiple of a
 // warp's step.
@@ -762,6 +763,8 @@ TEST_CASE("cuda rms_norm_gemm SwiGLU at one row on persistent blocks with K spli
       const std::vector<float> got = run(persist);
       REQUIRE(got == run(reg));  // tolerance 0: the same bits
       require_close(got, want, 2.5e-2, 2e-2);
+      persist.swiglu_per_sm = 1;  // swiglu_per_sm: more groups a block, the same bits
+      REQUIRE(run(persist) == got);
     }
   }
 }
