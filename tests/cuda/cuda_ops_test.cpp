@@ -720,7 +720,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
 // persistent blocks with 2, 4 or 8 warps a column must equal the register kernel forced to the
 // same split bit for bit (the same loads, sums and roundings per column; also on fewer blocks an
 // SM, XSERV_CUDA_GEMV_SWIGLU_PER_SM), and the CPU within the
-// one-row GEMV test's tolerance (its SwiGLU reference with the GPU's bf16 roundings). Shapes: the
+// one-row GEMV test's tolerance (its reference with HF's and the GPU's bf16 roundings). Shapes: the
 // Qwen3-1.7B and 0.6B gate|up, columns that leave the last group short, K not a multiple of a
 // warp's step.
 TEST_CASE("cuda rms_norm_gemm SwiGLU at one row on persistent blocks with K split over warps", "[cuda]") {
@@ -738,10 +738,19 @@ TEST_CASE("cuda rms_norm_gemm SwiGLU at one row on persistent blocks with K spli
     for (auto& v : g) v += 1.0f;
     auto w = randn(rng, static_cast<std::size_t>(rows * k), static_cast<float>(1.0 / std::sqrt(k)));
     for (auto* v : {&x, &g, &w}) round_through(*v, dt);
-    std::vector<float> want(static_cast<std::size_t>(n)), h(x.size()), y(static_cast<std::size_t>(rows));
-    be.cpu.rms_norm_gemm(host_view(want, {1, n}), host_view(x, {1, k}), host_view(g, {k}), 1e-6f,
-                         host_view(w, {rows, k}), true, host_view(h, {1, k}), host_view(y, {1, rows}));
-    round_through(y, dt);  // the GPU's SwiGLU roundings, as in the one-row GEMV test
+    // The reference with HF's (and the GPU's) roundings, as in the one-row GEMV test: the
+    // normalised row bf16(bf16(x * rstd) * g), gate and up rounded, silu rounded, the product.
+    double ss = 0.0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const float rstd = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(k)) + 1e-6f);
+    std::vector<float> hr(x.size()), want(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(rows));
+    for (std::size_t i = 0; i < x.size(); ++i) hr[i] = x[i] * rstd;
+    round_through(hr, dt);
+    for (std::size_t i = 0; i < x.size(); ++i) hr[i] *= g[i];
+    round_through(hr, dt);
+    be.cpu.gemm(host_view(y, {1, rows}), host_view(hr, {1, k}), host_view(w, {rows, k}), WeightLayout::out_in,
+                Tensor(), 0.0f, 0);
+    round_through(y, dt);
     std::vector<float> act(want.size());
     for (std::size_t j = 0; j < act.size(); ++j) act[j] = y[j] / (1.0f + std::exp(-y[j]));
     round_through(act, dt);
