@@ -16,11 +16,12 @@ shapes stay apart) and one layer's kernels in launch order.
 replay one graph, so position i is the same kernel in each): start offset, duration, the gap from
 the previous kernel's end to its start (negative: it started under PDL while the previous one ran)
 and the advance of the end (end minus the previous kernel's end: the kernel's share of the step's
-critical path when each kernel's work waits for the one before), then the ends' advance summed
-per kernel name.
+critical path when each kernel's work waits for the one before), each the median over the steps;
+then the ends' advance summed per kernel name, and one layer's kernels averaged over the layers.
 Usage: cupti_steps.py TRACE.csv [--steps] [--top N] [--last-prefill] [--order]"""
 import collections
 import csv
+import statistics
 import re
 import sys
 
@@ -159,13 +160,13 @@ def print_order(ss):
         if len(k) == n:
             segs.append(k)
             prev_end.append(max(g[1] for g in all_segs[j - 1]) if j > 0 and all_segs[j - 1] else None)
-    print(f"\nthe decode step in launch order ({len(segs)} steps of {n} kernels; us, means):")
+    print(f"\nthe decode step in launch order ({len(segs)} steps of {n} kernels; us, medians over the steps):")
     print(f"  {'#':>3s} {'kernel':56s} {'grid':>12s} {'start':>8s} {'dur':>7s} {'gap':>6s} {'end+':>6s}")
     by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
     tot_adv = 0.0
     for i in range(n):
-        st = sum(k[i][0] - k[0][0] for k in segs) / len(segs) / 1e3
-        du = sum(k[i][1] - k[i][0] for k in segs) / len(segs) / 1e3
+        st = statistics.median(k[i][0] - k[0][0] for k in segs) / 1e3
+        du = statistics.median(k[i][1] - k[i][0] for k in segs) / 1e3
         if i > 0:
             gaps = [k[i][0] - k[i - 1][1] for k in segs]
             advs = [k[i][1] - max(g[1] for g in k[:i]) for k in segs]
@@ -173,7 +174,7 @@ def print_order(ss):
             pe = [(k, e) for k, e in zip(segs, prev_end) if e is not None]
             gaps = [k[0][0] - e for k, e in pe] or [0]
             advs = [k[0][1] - e for k, e in pe] or [0]
-        gap, adv = sum(gaps) / len(gaps) / 1e3, sum(advs) / len(advs) / 1e3
+        gap, adv = statistics.median(gaps) / 1e3, statistics.median(advs) / 1e3
         tot_adv += adv
         g = segs[0][i]
         nm = short(g[6])[:56]
@@ -182,6 +183,25 @@ def print_order(ss):
         by_name[nm][2] += adv
         print(f"  {i:3d} {nm:56s} {f'{g[3]}x{g[4]}x{g[5]}':>12s} {st:8.1f} {du:7.2f} {gap:6.2f} {adv:6.2f}")
     print(f"  ends' advance summed: {tot_adv:.1f} us a step")
+    # One layer's kernels, each position averaged over the layers past the first and before the
+    # last (the layers repeat with the attention kernels' period).
+    att = [i for i, g in enumerate(segs[0]) if "attention" in g[6]]
+    if len(att) >= 4 and len(set(b - a for a, b in zip(att, att[1:]))) == 1:
+        period = att[1] - att[0]
+        first = att[1] - period // 2
+        print(f"  a layer's kernels, each averaged over {len(att) - 2} layers (us):")
+        print(f"  {'kernel':56s} {'grid':>12s} {'dur':>7s} {'gap':>6s} {'end+':>6s}")
+        layer_sum = 0.0
+        for p in range(period):
+            idx = [first + p + period * j for j in range(len(att) - 2)]
+            idx = [i for i in idx if 0 < i < n]
+            du = sum(k[i][1] - k[i][0] for k in segs for i in idx) / (len(segs) * len(idx)) / 1e3
+            gp = sum(k[i][0] - k[i - 1][1] for k in segs for i in idx) / (len(segs) * len(idx)) / 1e3
+            ad = sum(k[i][1] - max(g[1] for g in k[:i]) for k in segs for i in idx) / (len(segs) * len(idx)) / 1e3
+            layer_sum += ad
+            g = segs[0][idx[0]]
+            print(f"  {short(g[6])[:56]:56s} {f'{g[3]}x{g[4]}x{g[5]}':>12s} {du:7.2f} {gp:6.2f} {ad:6.2f}")
+        print(f"  a layer's ends' advance: {layer_sum:.2f} us")
     print(f"  {'kernel':56s} {'n':>4s} {'dur sum':>8s} {'end+ sum':>8s}")
     for nm, (c, d, a) in sorted(by_name.items(), key=lambda kv: -kv[1][2]):
         print(f"  {nm:56s} {c:4d} {d:8.1f} {a:8.1f}")
