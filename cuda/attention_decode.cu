@@ -1041,7 +1041,8 @@ struct ShortLayout {
 };
 
 template <int D>
-__device__ __forceinline__ void attention_decode_short(const QkAttentionParams& params) {
+__global__ void __launch_bounds__(short_warps * 32, 1)
+    attention_decode_short_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
   using Lay = ShortLayout<D>;
   const AttentionParams& p = params.attn;
@@ -1259,22 +1260,6 @@ __device__ __forceinline__ void attention_decode_short(const QkAttentionParams& 
     }
     out[h * D + d] = __float2bfloat16_rn(sum > 0.0f ? val / sum : 0.0f);
   }
-}
-
-template <int D>
-__global__ void __launch_bounds__(short_warps * 32, 1) attention_decode_short_kernel(const QkAttentionParams params) {
-  attention_decode_short<D>(params);
-}
-
-// The same kernel within short_tight_regs registers a thread (XSERV_CUDA_ATTN_SHORT=2, opt-in while
-// measured): at its ~106 the block (27 K registers) fits no SM that holds three of the q|k|v
-// GEMV's 48-register persistent blocks, so under PDL its pre-wait prologue (the block-table
-// round trip, every key's copies, sincos) waits for q|k|v blocks to retire; at 96 (24.5 K) it
-// fits beside three of them. (__maxnreg__ excludes __launch_bounds__; launched with 256 threads.)
-constexpr int short_tight_regs = 96;
-template <int D>
-__global__ void __maxnreg__(short_tight_regs) attention_decode_short_tight_kernel(const QkAttentionParams params) {
-  attention_decode_short<D>(params);
 }
 
 // Combines the splits of one (row, head): grid (T, n_q_heads), merge_threads threads. Long
@@ -1585,25 +1570,22 @@ void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
 // XSERV_CUDA_ATTN_SHORT (read at every call): 1 (default) the one-pass kernel
 // (attention_decode_short_kernel) for the folded launches of the short-context rule, 0 the mma
 // kernel (8 warps, 2 buffers) as before.
-// 2: the same kernel within short_tight_regs registers (attention_decode_short_tight_kernel).
-int short_mode() noexcept {
+bool short_enabled() noexcept {
   const char* env = std::getenv("XSERV_CUDA_ATTN_SHORT");
-  return env == nullptr ? 1 : std::atoi(env);
+  return env == nullptr || std::atoi(env) != 0;
 }
-bool short_enabled() noexcept { return short_mode() != 0; }
 
 template <int D>
 void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
-  const auto configured = [](auto* k) {
+  static const auto kernel = [] {
+    auto* k = attention_decode_short_kernel<D>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           ShortLayout<D>::smem_bytes(8)));
     return k;
-  };
-  static const auto wide = configured(attention_decode_short_kernel<D>);
-  static const auto tight = configured(attention_decode_short_tight_kernel<D>);
+  }();
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
-  launch_pdl(short_mode() == 2 ? tight : wide, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),
+  launch_pdl(kernel, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),
              static_cast<std::size_t>(ShortLayout<D>::smem_bytes(group)), stream, qp);
 }
 

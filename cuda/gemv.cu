@@ -725,15 +725,7 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   // As many blocks as fit beside each other (two an SM at the 96 KB ring when the activation row
   // is small), at most one row a warp.
   const int per_sm = fits_two(smem) ? 2 : 1;
-  int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
-  if (tune.bulk_grid > 0 && tune.bulk_grid < blocks) {
-    // Only where every warp's rows still fit its ring, so the whole weight is in flight before
-    // the wait (the o_proj's 4 KB rows; not the down_proj's 12 KB ones, whose second row a warp
-    // would be fetched after the wait).
-    const std::int64_t chunks = (std::int64_t{p.k} * static_cast<std::int64_t>(sizeof(T)) + bulk_chunk - 1) / bulk_chunk;
-    const std::int64_t rows = (p.n + std::int64_t{tune.bulk_grid} * warps - 1) / (std::int64_t{tune.bulk_grid} * warps);
-    if (rows * chunks <= bulk_stages) blocks = tune.bulk_grid;
-  }
+  const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
   const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)));
   if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
   else launch_kernel(pdl, gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
@@ -892,8 +884,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _BULK_GRID, _SWIGLU_WPR and
-// _SWIGLU_PER_SM: see gemv_tuning() in kernels.hpp.
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _SWIGLU_WPR and _SWIGLU_PER_SM:
+// see gemv_tuning() in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
@@ -911,7 +903,6 @@ GemvTuning tuning_from_env() noexcept {
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
   t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
-  t.bulk_grid = get("XSERV_CUDA_GEMV_BULK_GRID");
   t.swiglu_wpr = get("XSERV_CUDA_GEMV_SWIGLU_WPR");
   t.swiglu_per_sm = get("XSERV_CUDA_GEMV_SWIGLU_PER_SM");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {

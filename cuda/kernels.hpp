@@ -156,11 +156,6 @@ struct GemvTuning {
   // the gate|up GEMV's blocks can become resident then and issue their first weight loads. The
   // next kernel still waits for this one to complete (griddepcontrol.wait): the same results.
   int early_trigger = 0;
-  // bulk_grid (XSERV_CUDA_GEMV_BULK_GRID=N; opt-in while measured): the bulk kernel on at most N
-  // blocks (a warp then takes more rows) where every warp's rows still fit its ring. Qwen3-1.7B's o_proj runs 256 blocks of 101 KB, two an
-  // SM, while the decode attention holds 8 SMs with 130 KB blocks: 248 fit beside it, and the
-  // other 8 start, and only then fetch their rows, after the attention ends.
-  int bulk_grid = 0;
   // swiglu_wpr (XSERV_CUDA_GEMV_SWIGLU_WPR=N, 2/4/8; opt-in while measured): the one-row RMSNorm +
   // gate|up + SwiGLU GEMV of bf16 rows up to 2048 wide on the persistent blocks with N warps a column (each warp half or less
   // of K of the column's gate and up rows), so a column group is one batch of loads a warp and the
