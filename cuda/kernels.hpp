@@ -169,6 +169,11 @@ struct GemvTuning {
   // bulk GEMV (12 K registers, 109 KB) fits beside them; launched under PDL as soon as every
   // gate|up block has passed its wait, it fills its ring (12 KB a warp) while the gate|up streams.
   int swiglu_per_sm = 0;
+  // persist_u8 (XSERV_CUDA_GEMV_PERSIST_U8=1; opt-in while measured): the persistent norm GEMV
+  // without SwiGLU (Qwen3's q|k|v at one row) keeps 8 loads a lane in flight instead of 4, so a
+  // 4 KB row (Qwen3-1.7B's) is one batch and every resident block's weights go out before the
+  // dependency wait; 4 blocks an SM (512 blocks of column groups still one wave). The same bits.
+  bool persist_u8 = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

@@ -778,6 +778,40 @@ TEST_CASE("cuda rms_norm_gemm SwiGLU at one row on persistent blocks with K spli
   }
 }
 
+// XSERV_CUDA_GEMV_PERSIST_U8 (issue 12, 2026-12-04): the persistent norm GEMV without SwiGLU with
+// 8 loads a lane in flight instead of 4 must give the defaults' bits (a lane's products in the same
+// order), on the Qwen3-1.7B and 0.6B q|k|v shapes, a short last group, and rows of several batches
+// (k = 4104, persistent blocks forced).
+TEST_CASE("cuda rms_norm_gemm at one row: the persistent kernel with 8 loads a lane gives the same bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(44);
+  struct Reset {
+    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+  } reset;
+  const DType dt = DType::bf16;
+  for (const auto& [k, n] : {std::pair<std::int64_t, std::int64_t>{2048, 4096}, {1024, 4096}, {2048, 1001}, {4104, 300}}) {
+    INFO("k=" << k << " n=" << n);
+    auto x = randn(rng, static_cast<std::size_t>(k), 3.0f);
+    auto g = randn(rng, static_cast<std::size_t>(k), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    auto w = randn(rng, static_cast<std::size_t>(n * k), static_cast<float>(1.0 / std::sqrt(k)));
+    const Tensor gx = be.gpu_tensor(x, dt, {1, k}), gg = be.gpu_tensor(g, dt, {k}), gw = be.gpu_tensor(w, dt, {n, k});
+    const auto run = [&](bool u8) {
+      cuda::GemvTuning t;
+      t.norm_persist = 1;
+      t.persist_u8 = u8;
+      cuda::gemv_tuning() = t;
+      Tensor out = be.gpu_poisoned(dt, {1, n});
+      be.gpu->rms_norm_gemm(out, gx, gg, 1e-6f, gw, false, be.gpu_poisoned(dt, {1, k}), Tensor());
+      return be.read(out);
+    };
+    const std::vector<float> base = run(false);
+    for (float v : base) REQUIRE(std::isfinite(v));
+    REQUIRE(run(true) == base);  // tolerance 0: the same bits
+  }
+}
+
 // The opt-in launch forms of 2026-12-04 (issue 12) on a chain of one-row GEMVs as a Qwen3 decode
 // layer runs them under programmatic dependent launch (o_proj + residual on the bulk kernel, the
 // RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual, the RMSNorm + q|k|v GEMV; three times
