@@ -9,6 +9,7 @@
 #   TRACE                "model:variant-word" words traced before the measurements (in order)
 #   RUNS                 "model:variant-word" words measured, in order (model: qwen3-0.6b, ...)
 #   LATE_TRACE           traces after the measurements, while the time lasts
+#   LATE_RUNS            more measurements after those, while the time lasts
 #   BUDGET               seconds the whole request may take (default 165)
 # A variant word is "name" or "name=ENV=V,ENV=V" (settings after the first '=').
 set -uo pipefail
@@ -66,4 +67,5 @@ for w in ${TRACE:-}; do trace "$w"; done
 echo "== $(ts) batch 1, 128 + 128, one process a figure"
 for w in ${RUNS:-}; do gb "$w"; done
 for w in ${LATE_TRACE:-}; do trace "$w"; done
+for w in ${LATE_RUNS:-}; do gb "$w"; done
 echo "== $(ts) done ($(( $(date +%s) - t0 )) s)"
