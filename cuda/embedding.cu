@@ -2,8 +2,8 @@
 // Layout: table [vocab, dim], pos_table [n_positions, dim], out [rows, dim], all row-major in
 // the activation dtype. Launch: one block of 256 threads per row, threads stride over the dim.
 // An id or position out of range yields a NaN row rather than a wild read (the host validated
-// the batch; this only guards the device). XSERV_CUDA_EMBED_VEC=1: the same rows in 16-byte
-// vectors, loads before stores (embedding_vec_kernel).
+// the batch; this only guards the device). Rows of whole aligned 16-byte vectors take
+// embedding_vec_kernel (loads before stores; XSERV_CUDA_EMBED_VEC=0: the scalar loop).
 // resolve_tokens: the input ids of an overlapped step (Backend::resolve_tokens): a negative id t
 // becomes sampled[-t - 1], the previous step's id that never went through the host. One block
 // (a decode batch's few hundred ids at most), plainly launched before the step's graph.
@@ -41,12 +41,14 @@ __global__ void embedding_kernel(T* out, const std::int32_t* ids, const T* table
   }
 }
 
-// The same rows with 16-byte vectors, every load of a thread issued before its stores
-// (XSERV_CUDA_EMBED_VEC; rows whose width is a whole number of 16-byte vectors, aligned). The
-// scalar loop above stores each element before it loads the next (out may alias table as far as
-// the compiler knows), so a thread's 8 elements of a 2048-wide bf16 row were 8 dependent DRAM
-// round trips on the critical path of every decode step (~5.7 us of Qwen3-1.7B's step, the
-// first kernel of its chain). The same arithmetic per element: the same bits.
+// The same rows with 16-byte vectors, every load of a thread issued before its stores (rows
+// whose width is a whole number of 16-byte vectors, aligned; the default, XSERV_CUDA_EMBED_VEC=0
+// the scalar loop). The scalar loop above stores each element before it loads the next (out may
+// alias table as far as the compiler knows), so a thread's 8 elements of a 2048-wide bf16 row
+// were 8 dependent DRAM round trips on the critical path of every decode step (5.7 us of
+// Qwen3-1.7B's step, the first kernel of its chain). The same arithmetic per element: the same
+// bits. Qwen3-1.7B b1 869.7 / 870.2 -> 871.2 / 871.4 tok/s, 0.6B 1478.9 / 1479.8 -> 1480.9 /
+// 1480.6 (docs/benchmarks.md, "Batch-1 decode of Qwen3-1.7B: a CUPTI profile").
 constexpr int embed_vec_ahead = 4;  // vectors a thread loads before it stores
 template <typename T>
 __global__ void embedding_vec_kernel(T* out, const std::int32_t* ids, const T* table, const T* pos_table,
@@ -145,11 +147,11 @@ void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32
                       std::int64_t rows, std::int64_t dim, std::int64_t vocab,
                       std::int64_t n_positions) {
   if (rows == 0) return;
-  // XSERV_CUDA_EMBED_VEC=1 (read at every call; opt-in while measured): embedding_vec_kernel.
+  // embedding_vec_kernel unless XSERV_CUDA_EMBED_VEC=0 (read at every call).
   const char* env = std::getenv("XSERV_CUDA_EMBED_VEC");
   const std::size_t es = dt == DType::f32 ? 4 : 2;
   const auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  if (env != nullptr && std::string_view(env) == "1" && (dim * static_cast<std::int64_t>(es)) % 16 == 0 &&
+  if ((env == nullptr || std::string_view(env) != "0") && (dim * static_cast<std::int64_t>(es)) % 16 == 0 &&
       aligned(out) && aligned(table) && aligned(pos_table)) {
     if (dt == DType::f32) {
       embedding_vec_kernel<float><<<rows, 256, 0, stream>>>(

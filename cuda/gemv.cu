@@ -411,13 +411,11 @@ __global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const Out
 // leaves the SM without loads in flight. Per column the same loads, sums and roundings as
 // gemv_out_in_kernel<T, 1, OutT, true, Swiglu>: the results are equal bit for bit. Registers
 // capped for 5 blocks an SM without SwiGLU, 4 with it (one more than gemv_out_in_kernel's 78).
-// U: loads a lane keeps in flight per weight row; 8 (GemvTuning::persist_u8, without SwiGLU) takes
-// a 4 KB bf16 row in one batch, so a group's whole weight goes out before the dependency wait (a
-// lane's products still in the same order: the same bits), at 4 blocks an SM.
-template <typename T, typename OutT, bool Swiglu, int U = 4>
-__global__ void __launch_bounds__(warps * 32, Swiglu || U > 4 ? 4 : 5) gemv_norm_persist_kernel(const OutInArgs<T> p) {
+template <typename T, typename OutT, bool Swiglu>
+__global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_kernel(const OutInArgs<T> p) {
   constexpr int V = vec_of<T>;
   constexpr int R = Swiglu ? 2 : 1;
+  constexpr int U = 4;
   extern __shared__ uint4 s_dyn[];  // the normalised row [k]
   __shared__ float red[warps][R];
   __shared__ float s_sum[warps][1];
@@ -886,8 +884,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _SWIGLU_WPR, _SWIGLU_PER_SM and
-// _PERSIST_U8: see gemv_tuning() in kernels.hpp.
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH and _EARLY_TRIGGER: see gemv_tuning()
+// in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
     const char* v = std::getenv(name);
@@ -905,9 +903,6 @@ GemvTuning tuning_from_env() noexcept {
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
   t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
-  t.swiglu_wpr = get("XSERV_CUDA_GEMV_SWIGLU_WPR");
-  t.swiglu_per_sm = get("XSERV_CUDA_GEMV_SWIGLU_PER_SM");
-  t.persist_u8 = get("XSERV_CUDA_GEMV_PERSIST_U8") == 1;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -956,11 +951,6 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
-  // swiglu_wpr: the SwiGLU GEMV at one row on persistent blocks with that split (kernels.hpp).
-  // bf16 rows of up to 2048 elements, the persistent kernel's domain (Qwen3-8B's 4096 keep theirs).
-  const bool swiglu_split = M == 1 && Swiglu && std::is_same_v<T, bf16> && p.k <= 2048 &&
-                            (tune.swiglu_wpr == 2 || tune.swiglu_wpr == 4 || tune.swiglu_wpr == 8);
-  if (swiglu_split) p.wpr = tune.swiglu_wpr;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
@@ -978,28 +968,20 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
     // register kernel would redo the norm prologue in each of its ~19k blocks.
     constexpr bool logits = !std::is_same_v<OutT, T>;
     const bool rule = std::is_same_v<T, bf16> && p.k <= 2048;
-    bool persist = swiglu_split || tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
+    bool persist = tune.norm_persist == 1 || (tune.norm_persist != 0 && (logits || rule));
     // As many blocks as fit an SM (registers and the normalised row), at most one a group.
-    // persist_u8: the q|k|v GEMV's rows in one batch of loads (gemv_norm_persist_kernel's U).
-    auto* persist_kernel = gemv_norm_persist_kernel<T, OutT, Swiglu>;
-    if constexpr (!Swiglu && !logits) {
-      if (tune.persist_u8) persist_kernel = gemv_norm_persist_kernel<T, OutT, Swiglu, 8>;
-    }
     int per_sm = 1;
     if (persist) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel, warps * 32, smem) != cudaSuccess ||
-          per_sm < 1) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_norm_persist_kernel<T, OutT, Swiglu>,
+                                                        warps * 32, smem) != cudaSuccess || per_sm < 1) {
         (void)cudaGetLastError();
         per_sm = 1;
       }
-      // swiglu_per_sm: fewer blocks an SM leave room for the down_proj's first blocks (kernels.hpp).
-      if (swiglu_split && tune.swiglu_per_sm > 0) per_sm = std::min(per_sm, tune.swiglu_per_sm);
-      if (tune.norm_persist < 0 && !logits && !swiglu_split && grid.x > static_cast<unsigned>(per_sm * sm_count))
-        persist = false;
+      if (tune.norm_persist < 0 && !logits && grid.x > static_cast<unsigned>(per_sm * sm_count)) persist = false;
     }
     if (persist) {
       const dim3 pgrid(std::min<unsigned>(grid.x, static_cast<unsigned>(per_sm * sm_count)));
-      return launch_kernel(pdl, persist_kernel, pgrid, block, smem, stream, p);
+      return launch_kernel(pdl, gemv_norm_persist_kernel<T, OutT, Swiglu>, pgrid, block, smem, stream, p);
     }
   }
   if constexpr (M == 1) {

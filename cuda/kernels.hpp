@@ -148,32 +148,16 @@ struct GemvTuning {
   // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
   // the small Qwen3 models").
   bool resid_prefetch = true;
-  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; opt-in while measured): the one-row GEMVs
-  // let the next kernel launch (griddepcontrol.launch_dependents) before their own dependency
-  // wait instead of after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register
-  // and persistent kernels: q|k|v, gate|up). The o_proj runs while the decode attention computes
-  // and, its weight already in its shared-memory ring, leaves DRAM idle; with the early trigger
-  // the gate|up GEMV's blocks can become resident then and issue their first weight loads. The
-  // next kernel still waits for this one to complete (griddepcontrol.wait): the same results.
+  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; opt-in): the one-row GEMVs let the next
+  // kernel launch (griddepcontrol.launch_dependents) before their own dependency wait instead of
+  // after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register and persistent
+  // kernels: q|k|v, gate|up). The o_proj waits on the decode attention with its weight already in
+  // its shared-memory ring, leaving DRAM idle; with the early trigger a PDL-launched gate|up can
+  // become resident then and issue its first loads. The next kernel still waits for this one to
+  // complete (griddepcontrol.wait): the same results. Measured (docs/benchmarks.md, "Batch-1
+  // decode of Qwen3-1.7B: a CUPTI profile"): 1 gains on Qwen3-0.6B (b1 +1.2%), loses on GPT-2
+  // (-3.4%) and does nothing for Qwen3-1.7B, whose 50 MB gate|up launches plainly; so off.
   int early_trigger = 0;
-  // swiglu_wpr (XSERV_CUDA_GEMV_SWIGLU_WPR=N, 2/4/8; opt-in while measured): the one-row RMSNorm +
-  // gate|up + SwiGLU GEMV of bf16 rows up to 2048 wide on the persistent blocks with N warps a column (each warp half or less
-  // of K of the column's gate and up rows), so a column group is one batch of loads a warp and the
-  // groups spread evenly over the blocks: Qwen3-1.7B's gate|up is 1536 groups of 4 columns over
-  // 528 blocks (2.9 rounds) instead of 768 one-wave-and-a-half register blocks whose norm prologue
-  // and reduction each leave their SM with only the first batch in flight. Sums in another order
-  // (the split's), within the op test's tolerance.
-  int swiglu_wpr = 0;
-  // swiglu_per_sm (XSERV_CUDA_GEMV_SWIGLU_PER_SM=N, with swiglu_wpr; opt-in while measured): at
-  // most N of those persistent blocks an SM. At 3 (49 K registers) one block of the down_proj's
-  // bulk GEMV (12 K registers, 109 KB) fits beside them; launched under PDL as soon as every
-  // gate|up block has passed its wait, it fills its ring (12 KB a warp) while the gate|up streams.
-  int swiglu_per_sm = 0;
-  // persist_u8 (XSERV_CUDA_GEMV_PERSIST_U8=1; opt-in while measured): the persistent norm GEMV
-  // without SwiGLU (Qwen3's q|k|v at one row) keeps 8 loads a lane in flight instead of 4, so a
-  // 4 KB row (Qwen3-1.7B's) is one batch and every resident block's weights go out before the
-  // dependency wait; 4 blocks an SM (512 blocks of column groups still one wave). The same bits.
-  bool persist_u8 = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
