@@ -573,6 +573,109 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
   }
 }
 
+TEST_CASE("cuda gemm_rms_norm_gemm at skinny rows: the residual GEMM hands its slab statistics to the norm GEMM",
+          "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // XSERV_CUDA_SKINNY_RESID_NORM (read at construction): 1 runs the two skinny kernels with the
+  // statistics between them; the default runs the skinny residual GEMM, the norm kernel and the
+  // skinny GEMM (SwiGLU epilogue). Every row count the skinny kernel supports, up to 32.
+  const ScopedEnv skinny_rows("XSERV_CUDA_SKINNY_ROWS", "32");
+  std::unique_ptr<Backend> fused, separate;
+  {
+    const ScopedEnv on("XSERV_CUDA_SKINNY_RESID_NORM", "1");
+    fused = cuda::make_cuda_backend(BackendOptions{});
+  }
+  separate = cuda::make_cuda_backend(BackendOptions{});
+  GpuCpu be;
+  std::mt19937 rng(43);
+  struct Case {
+    std::int64_t m, k, n, rows;  // a [m, k], x [m, n], W_res [n, k], W [rows, n]
+    bool swiglu;
+  };
+  // One to four 8-row tiles and partial ones; slab counts under, at and past a warp's 32 lanes
+  // (n / 32 = 8, 32, 40, 128); both kinds of next GEMM; Qwen3-8B's o_proj -> gate|up at 16 rows
+  // with a narrower gate|up.
+  const Case cases[] = {{5, 1024, 256, 512, false},  {8, 2048, 1024, 768, true},   {13, 512, 1280, 256, false},
+                        {16, 4096, 4096, 1024, true}, {16, 12288, 4096, 1536, false}, {24, 768, 1024, 512, true},
+                        {32, 1024, 512, 1024, true}};
+  const DType dt = DType::bf16;
+  for (const auto& c : cases) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " rows=" << c.rows << " swiglu=" << c.swiglu);
+    alignas(16) static const std::uint16_t aligned[8] = {};
+    REQUIRE(cuda::skinny_gemm_norm_gemm_supported(dt, c.m, c.n, c.k, c.rows, aligned, aligned, aligned, aligned,
+                                                  aligned, 32));
+    const std::int64_t on = c.swiglu ? c.rows / 2 : c.rows;
+    auto a = randn(rng, static_cast<std::size_t>(c.m * c.k));
+    auto wr = randn(rng, static_cast<std::size_t>(c.n * c.k), static_cast<float>(1.0 / std::sqrt(c.k)));
+    auto x0 = randn(rng, static_cast<std::size_t>(c.m * c.n), 3.0f);
+    auto g = randn(rng, static_cast<std::size_t>(c.n), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    auto w = randn(rng, static_cast<std::size_t>(c.rows * c.n), static_cast<float>(1.0 / std::sqrt(c.n)));
+    for (auto* v : {&a, &wr, &x0, &g, &w}) round_through(*v, dt);
+    std::vector<float> want_x = x0, want(static_cast<std::size_t>(c.m * on)), h(x0.size()),
+                       y(static_cast<std::size_t>(c.m * c.rows));
+    be.cpu.gemm_rms_norm_gemm(host_view(want_x, {c.m, c.n}), host_view(a, {c.m, c.k}), host_view(wr, {c.n, c.k}),
+                              host_view(g, {c.n}), 1e-6f, host_view(w, {c.rows, c.n}), c.swiglu,
+                              host_view(want, {c.m, on}), host_view(h, {c.m, c.n}),
+                              c.swiglu ? host_view(y, {c.m, c.rows}) : Tensor());
+    const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gwr = be.gpu_tensor(wr, dt, {c.n, c.k}),
+                 gg = be.gpu_tensor(g, dt, {c.n}), gw = be.gpu_tensor(w, dt, {c.rows, c.n});
+    const auto run = [&](Backend& b, std::vector<float>& got_x, std::vector<float>& got_out) {
+      Tensor gx = be.gpu_tensor(x0, dt, {c.m, c.n});
+      Tensor gout = be.gpu_poisoned(dt, {c.m, on});
+      Tensor gh = be.gpu_poisoned(dt, {c.m, c.n}), gy = c.swiglu ? be.gpu_poisoned(dt, {c.m, c.rows}) : Tensor();
+      be.gpu->synchronize();  // the inputs are be.gpu's; `b` has its own stream
+      b.gemm_rms_norm_gemm(gx, ga, gwr, gg, 1e-6f, gw, c.swiglu, gout, gh, gy);
+      b.synchronize();
+      got_x = be.read(gx);
+      got_out = be.read(gout);
+    };
+    std::vector<float> fx[2], fout[2], sx, sout;
+    for (int i = 0; i < 2; ++i) run(*fused, fx[i], fout[i]);  // twice: the same bits (sums in a fixed order)
+    run(*separate, sx, sout);
+    CHECK(fx[0] == fx[1]);
+    CHECK(fout[0] == fout[1]);
+    // x: the same skinny GEMM and epilogue as the separate path, so the same bits; both within the
+    // K-parts test's tolerance of the CPU's f32 sum.
+    CHECK(fx[0] == sx);
+    require_close(fx[0], want_x, 1e-2, 1e-2);
+    // out: the GPU rounds x, h (and silu) as HF does, the CPU keeps f32 intermediates.
+    require_close(fout[0], want, 2.5e-2, 2e-2);
+    require_close(sout, want, 2.5e-2, 2e-2);
+    // Same roundings and GEMM sum order as the separate kernels; only the order of the sum of
+    // squares differs (per slab, then per lane, not the norm kernel's block sum), which can move
+    // rstd by an ulp and so a rare normalised value.
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < sout.size(); ++i) same += fout[0][i] == sout[i];
+    CHECK(static_cast<double>(same) >= 0.9 * static_cast<double>(sout.size()));
+  }
+}
+
+TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_SKINNY_BIG_WARPS)", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // The lm_head's shape class: more 32-row slabs than one wave of one-warp blocks holds (any
+  // H200-sized GPU holds at most 32 x 132 = 4224 one-warp blocks: 4352 slabs are past that), f32
+  // logits. Read at every launch: the same backend with 1 (the default rule), 2, 4 and 16 warps a
+  // block (the last more than K's steps: clamped to them).
+  GpuCpu be;
+  std::mt19937 rng(47);
+  const std::int64_t m = 16, k = 512, n = 4352 * 32;
+  auto a = randn(rng, static_cast<std::size_t>(m * k));
+  auto w = randn(rng, static_cast<std::size_t>(n * k), 0.05f);
+  for (auto* v : {&a, &w}) round_through(*v, DType::bf16);
+  std::vector<float> want(static_cast<std::size_t>(m * n));
+  be.cpu.gemm(host_view(want, {m, n}), host_view(a, {m, k}), host_view(w, {n, k}), WeightLayout::out_in, {});
+  const Tensor ga = be.gpu_tensor(a, DType::bf16, {m, k}), gw = be.gpu_tensor(w, DType::bf16, {n, k});
+  for (const char* warps : {"0", "2", "4", "16"}) {
+    INFO("XSERV_CUDA_SKINNY_BIG_WARPS=" << warps);
+    const ScopedEnv big("XSERV_CUDA_SKINNY_BIG_WARPS", warps);
+    Tensor gout = be.gpu_poisoned(DType::f32, {m, n});
+    be.gpu->gemm(gout, ga, gw, WeightLayout::out_in, {});
+    // As the gemm test's f32 logits: sums of k terms of std ~0.05.
+    require_close(be.read(gout), want, 1e-4 * 0.05 * std::sqrt(static_cast<double>(k)) + 1e-6, 1e-4);
+  }
+}
+
 TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bulk-copy kernel match the CPU", "[cuda]") {
   // The backend picks 1-8 warps per output column by shape (gemv.cu, warps_per_column); force
   // each split (gemv_tuning) on shapes where K is split unevenly or leaves warps without loads,
