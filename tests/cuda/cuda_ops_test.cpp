@@ -479,6 +479,17 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
         check_same(got);
         check_on(*unfused);
       }
+      {
+        // The weights through the cp.async ring (read at every launch): the same loads' values
+        // in the same products, so the same bits as the register path.
+        const ScopedEnv ring("XSERV_CUDA_SKINNY_RING", "1");
+        Tensor rout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->rms_norm_gemm(rout, gx, gg, 1e-6f, gw, swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
+                              swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor());
+        CHECK(be.read(rout) == fused[0]);
+        check_on(*unfused);
+        for (auto& b : one) check_on(*b);
+      }
       for (auto& b : one) check_on(*b);
     }
   }
@@ -630,11 +641,18 @@ TEST_CASE("cuda gemm_rms_norm_gemm at skinny rows: the residual GEMM hands its s
       got_x = be.read(gx);
       got_out = be.read(gout);
     };
-    std::vector<float> fx[2], fout[2], sx, sout;
+    std::vector<float> fx[3], fout[3], sx, sout;
     for (int i = 0; i < 2; ++i) run(*fused, fx[i], fout[i]);  // twice: the same bits (sums in a fixed order)
     run(*separate, sx, sout);
     CHECK(fx[0] == fx[1]);
     CHECK(fout[0] == fout[1]);
+    {
+      // Both kernels' weights through the cp.async ring (read at every launch): the same bits.
+      const ScopedEnv ring("XSERV_CUDA_SKINNY_RING", "1");
+      run(*fused, fx[2], fout[2]);
+      CHECK(fx[2] == fx[0]);
+      CHECK(fout[2] == fout[0]);
+    }
     // x: the same skinny GEMM and epilogue as the separate path, so the same bits; both within the
     // K-parts test's tolerance of the CPU's f32 sum.
     CHECK(fx[0] == sx);
@@ -651,7 +669,7 @@ TEST_CASE("cuda gemm_rms_norm_gemm at skinny rows: the residual GEMM hands its s
   }
 }
 
-TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_SKINNY_BIG_WARPS)", "[cuda]") {
+TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_SKINNY_BIG_WARPS), the weight ring", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   // The lm_head's shape class: more 32-row slabs than one wave of one-warp blocks holds (any
   // H200-sized GPU holds at most 32 x 132 = 4224 one-warp blocks: 4352 slabs are past that), f32
@@ -669,10 +687,16 @@ TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_S
   for (const char* warps : {"0", "2", "4", "16"}) {
     INFO("XSERV_CUDA_SKINNY_BIG_WARPS=" << warps);
     const ScopedEnv big("XSERV_CUDA_SKINNY_BIG_WARPS", warps);
-    Tensor gout = be.gpu_poisoned(DType::f32, {m, n});
-    be.gpu->gemm(gout, ga, gw, WeightLayout::out_in, {});
+    std::vector<float> got[2];
+    for (int ring = 0; ring < 2; ++ring) {  // registers, then the cp.async ring: the same bits
+      const ScopedEnv r("XSERV_CUDA_SKINNY_RING", ring ? "1" : nullptr);
+      Tensor gout = be.gpu_poisoned(DType::f32, {m, n});
+      be.gpu->gemm(gout, ga, gw, WeightLayout::out_in, {});
+      got[ring] = be.read(gout);
+    }
     // As the gemm test's f32 logits: sums of k terms of std ~0.05.
-    require_close(be.read(gout), want, 1e-4 * 0.05 * std::sqrt(static_cast<double>(k)) + 1e-6, 1e-4);
+    require_close(got[0], want, 1e-4 * 0.05 * std::sqrt(static_cast<double>(k)) + 1e-6, 1e-4);
+    CHECK(got[1] == got[0]);
   }
 }
 
