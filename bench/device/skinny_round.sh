@@ -11,6 +11,8 @@
 #   TRACES_FIRST   "label:model:concurrency:ENV=V,..." serve_bench runs under the CUPTI tracer, and
 #                  "label:model:b1:ENV=V,..." generate_bench batch-1 runs (128 + 32 tokens), after
 #                  the tests; TRACES the same after the first pass, TRACES_LAST after all passes
+#   GEMM_BENCH     gemm_bench arguments (e.g. "--skinny 1 --models 8b --rows 16"), run after the
+#                  tests ("" skips)
 #   BUDGET         seconds the whole request may take (default 165)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -21,7 +23,7 @@ ts() { date -u +%H:%M:%S; }
 echo "== $(ts) build"
 source scripts/device-env.sh && cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests serve_bench generate_bench xserv_cupti_trace >>"$OUT/build.txt" 2>&1 ||
+  cmake --build /tmp/b -j16 --target xserv_cuda_tests serve_bench generate_bench gemm_bench xserv_cupti_trace >>"$OUT/build.txt" 2>&1 ||
   { tail -40 "$OUT/build.txt"; exit 1; }
 echo "== $(ts) built ($(( $(date +%s) - t0 )) s)"
 T=/tmp/b/tests/cuda/xserv_cuda_tests
@@ -40,6 +42,11 @@ tests() {  # label, timeout, spec, env...
   grep -B3 -A12 -m3 "FAILED" "$OUT/tests_$label.txt" | head -40
 }
 if declare -F run_tests >/dev/null; then run_tests; fi
+if [ -n "${GEMM_BENCH:-}" ] && [ "$(left)" -ge 20 ]; then
+  echo "== $(ts) gemm_bench ${GEMM_BENCH}"
+  timeout 30 /tmp/b/bench/gemm_bench ${GEMM_BENCH} >"$OUT/gemm_bench.txt" 2>&1
+  cat "$OUT/gemm_bench.txt"
+fi
 sb() {  # variant word, model, concurrency, need (seconds)
   [ "$(left)" -ge "$4" ] || { echo "$(ts) skip serve $2 $3 $(name "$1"): $(left) s left"; return; }
   local n s f; n=$(name "$1"); s=$(settings "$1"); f="$OUT/sb_${2}_${3}_$n.$(date -u +%H%M%S).txt"
