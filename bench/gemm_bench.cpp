@@ -13,8 +13,9 @@
 // and per configuration the host time the tuning took (what the warm-up adds to a load).
 // --skinny instead times the tensor-core skinny kernel (cuda/gemm_skinny.cu, rows <= 32; gate|up
 // with its SwiGLU epilogue) in each of its opt-in forms, set through their environment switches
-// (read at every launch): the default, XSERV_CUDA_SKINNY_RING=1, XSERV_CUDA_SKINNY_BIG_WARPS=4
-// (changes only the lm_head) and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
+// (read at every launch): the default, XSERV_CUDA_SKINNY_DEEP=7 (two steps of weights in flight),
+// XSERV_CUDA_SKINNY_BIG_WARPS=2/4/8 (change only the lm_head), both, and
+// XSERV_CUDA_SKINNY_ACT_AHEAD=1.
 // Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1].
 // Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
@@ -179,12 +180,15 @@ int main(int argc, char** argv) {
     const char* env;  // "NAME=VALUE" or nullptr
   };
   const Form forms[] = {{"default", nullptr},
-                        {"ring", "XSERV_CUDA_SKINNY_RING=1"},
+                        {"deep", "XSERV_CUDA_SKINNY_DEEP=7"},
+                        {"big2", "XSERV_CUDA_SKINNY_BIG_WARPS=2"},
                         {"big4", "XSERV_CUDA_SKINNY_BIG_WARPS=4"},
-                        {"ring+big4", "XSERV_CUDA_SKINNY_RING=1 XSERV_CUDA_SKINNY_BIG_WARPS=4"},
+                        {"big8", "XSERV_CUDA_SKINNY_BIG_WARPS=8"},
+                        {"deep+big2", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=2"},
+                        {"deep+big4", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=4"},
                         {"act_ahead", "XSERV_CUDA_SKINNY_ACT_AHEAD=1"}};
   const auto set_form = [](const Form& f) {
-    for (const char* v : {"XSERV_CUDA_SKINNY_RING", "XSERV_CUDA_SKINNY_BIG_WARPS", "XSERV_CUDA_SKINNY_ACT_AHEAD"})
+    for (const char* v : {"XSERV_CUDA_SKINNY_DEEP", "XSERV_CUDA_SKINNY_BIG_WARPS", "XSERV_CUDA_SKINNY_ACT_AHEAD"})
       unsetenv(v);
     if (!f.env) return;
     std::string all = f.env;

@@ -314,11 +314,6 @@ class CudaBackend final : public Backend {
   // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
   bool skinny_block_stats_ = false;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
-  // XSERV_CUDA_SKINNY_RESID_NORM=1: gemm_rms_norm_gemm at skinny rows as two skinny kernels, the
-  // residual GEMM's epilogue writing per-slab row statistics that the norm GEMM's prologue adds
-  // up (launch_skinny_gemm_norm_gemm), instead of the residual GEMM, the norm kernel and the GEMM.
-  bool skinny_resid_norm_ = false;
-  Buffer skinny_resid_stats_;  // its per-slab row statistics
   // gemm_rms_norm_gemm at rows past the skinny kernel's and up to resid_max_rows: the residual
   // GEMM as XSERV_CUDA_RESID_SPLITS parts of K on cuBLASLt (Gemm::run_split_k, no reduce kernel)
   // and one kernel that adds the parts and the residual and computes the next RMSNorm
@@ -377,7 +372,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     else resid_splits_ = std::clamp(std::atoi(env), 0, 8);
   }
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
-  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_RESID_NORM")) skinny_resid_norm_ = std::string_view(env) == "1";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
@@ -880,19 +874,6 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
                         w.shape.rank() == 2 && out.shape.rank() == 2;
   const std::int64_t m = ranks_ok ? x.shape[0] : 0, n = ranks_ok ? x.shape[1] : 0, k = ranks_ok ? a.shape[1] : 0;
   const std::int64_t rows = ranks_ok ? w.shape[0] : 0;
-  // 5-16 rows: both GEMMs on the skinny kernel, the norm's statistics handed from one to the other.
-  const bool fuse_swiglu = (skinny_fuse_ & 2) != 0;
-  if (skinny_resid_norm_ && ranks_ok && dt == DType::bf16 && a.dtype == dt && w_res.dtype == dt &&
-      norm_weight.dtype == dt && w.dtype == dt && out.dtype == dt && a.shape[0] == m && w_res.shape[0] == n &&
-      w_res.shape[1] == k && norm_weight.numel() == n && w.shape[1] == n && out.shape[0] == m &&
-      out.shape[1] == (swiglu ? rows / 2 : rows) && (!swiglu || (rows % 2 == 0 && fuse_swiglu)) &&
-      skinny_gemm_norm_gemm_supported(dt, m, n, k, rows, a.data, w_res.data, x.data, norm_weight.data, w.data,
-                                      std::min(skinny_rows_, skinny_fuse_rows_))) {
-    ensure_scratch(skinny_resid_stats_, skinny_gemm_norm_stats_bytes(n));
-    launch_skinny_gemm_norm_gemm(stream_, x.data, a.data, w_res.data, out.data, norm_weight.data, eps, w.data, swiglu,
-                                 m, n, k, rows, sm_count_, static_cast<float*>(skinny_resid_stats_.data()));
-    return;
-  }
   int splits = resid_splits_;
   if (resid_part_k_ > 0) {  // the most parts of at least ~resid_part_k_ that divide K evenly
     splits = static_cast<int>(std::clamp<std::int64_t>((k + resid_part_k_ / 2) / resid_part_k_, 1, 8));

@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -83,13 +84,6 @@ struct SkinnyParams {
   float* stats = nullptr;
   unsigned* counters = nullptr;
   int chunks = 0;
-  // Residual GEMM feeding a norm GEMM (launch_skinny_gemm_norm_gemm): the producer writes each
-  // output row's sum of squares over its slab's 32 columns (of the stored bf16 values) to
-  // stats_out[row * gridDim.x + slab]; the Norm consumer reads them from slab_stats ([m][slabs])
-  // instead of computing statistics itself.
-  float* stats_out = nullptr;
-  const float* slab_stats = nullptr;
-  int slabs = 0;
 };
 
 // h = bf16(bf16(x * rstd) * g) for the 8 values of a fragment word quad (as norm.cu rounds).
@@ -126,21 +120,6 @@ __device__ __forceinline__ float sum_squares(uint4 v) {
 // The Norm prologue (see the file head): returns once s_rstd[0..m) holds every row's rstd.
 __device__ void row_rstd(const SkinnyParams& p, float* s_rstd, unsigned* s_ticket) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (p.slab_stats) {
-    // The producer's per-slab sums: a warp a row, lane l adding slabs l, l + 32, ... in order,
-    // then the warp's butterfly: the same bits whatever this block's size. All of a lane's loads
-    // are independent, so they are in flight together (one L2 round trip, not one per slab).
-    for (int m = warp; m < p.m; m += warps) {
-      const float* row = p.slab_stats + static_cast<std::int64_t>(m) * p.slabs;
-      float ss = 0.0f;
-#pragma unroll 8
-      for (int j = lane; j < p.slabs; j += 32) ss += __ldcg(row + j);
-      ss = warp_sum(ss);
-      if (lane == 0) s_rstd[m] = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
-    }
-    __syncthreads();
-    return;
-  }
   if (!p.counters) {
     // XSERV_CUDA_SKINNY_STATS=block (for comparisons): every block reads all of x itself, a warp
     // per row, no counters (m * k * 2 bytes more L2 traffic per block).
@@ -204,7 +183,7 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Launch: grid (N / 32), warps * 32 threads, smem_bytes<MT>(warps, M) of shared memory.
+// Launch: grid (N / 32), warps * 32 threads, warps * MT * 8 * smem_stride floats of shared memory.
 // Norm and Swiglu: the fused decode block (file head); OutT is bf16 then.
 // This lane's activation fragments of K step `step` (zero past the rows).
 template <int MT>
@@ -222,21 +201,19 @@ __device__ __forceinline__ void load_act(uint4 (&dst)[MT][2], const bf16* const 
 // - regs: the next step's weights in registers, loaded a step ahead (4 KB a warp in flight);
 // - ahead: the same, and the activation fragments loaded a step ahead too (their L2 latency off
 //   each step's path; 8 * MT registers more; XSERV_CUDA_SKINNY_ACT_AHEAD=1);
-// - ring: the weights copied by cp.async into a per-warp ring of ring_stages steps in shared
-//   memory, ring_stages - 1 of them in flight while a step is multiplied (8-12 KB a warp, no
-//   registers held for them), the first ones requested before the dependency wait
-//   (XSERV_CUDA_SKINNY_RING=1). Each lane copies and later reads only its own 8 x 16 bytes of a
-//   step, lane-contiguous ([stage][8][32 lanes] uint4: no bank conflicts, no warp barrier).
-enum class Mode { regs, ahead, ring };
-constexpr int ring_stages = 3;
-constexpr int ring_step_bytes = 8 * 32 * 16;  // one step of one warp: 32 lanes x 8 uint4
+// - deep: the weights of the next two steps in registers (8 KB a warp in flight, 32 registers
+//   more), in blocks of at most deep_max_warps warps so the compiler may use more than 128
+//   registers a thread (XSERV_CUDA_SKINNY_DEEP). Staging the weights in shared memory instead
+//   (a cp.async ring) measured slower: its 12 KB a warp took the L1 space that keeps every
+//   block's activation reads out of L2 (docs/benchmarks.md).
+enum class Mode { regs, ahead, deep };
+constexpr int deep_max_warps = 8;
 
 template <int MT, typename OutT, bool Norm = false, bool Swiglu = false, Mode M = Mode::regs>
-__global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const SkinnyParams p) {
-  constexpr bool Ahead = M == Mode::ahead, Ring = M == Mode::ring;
-  // [warps][MT * 8][smem_stride] f32 after the K loop; with Ring, before it, the weight rings
-  // [warps][ring_stages][8][32] uint4 (the same bytes: a block barrier parts the two uses).
-  extern __shared__ float s_acc[];
+__global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps) * 32)
+    skinny_gemm_kernel(const SkinnyParams p) {
+  constexpr bool Ahead = M == Mode::ahead, Deep = M == Mode::deep;
+  extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
   __shared__ float s_rstd[Norm ? stat_rows : 1];
   __shared__ unsigned s_ticket;
   allow_dependents();
@@ -263,29 +240,22 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
   }
 
   float acc[2][MT][4] = {};
-  // [row g + 8r][chunk]: the next step's weights, loaded a step ahead (not with Ring)
-  [[maybe_unused]] uint4 w_next[Ring ? 1 : 4][2];
+  uint4 w_next[4][2];  // [row g + 8r][chunk]: the next step's weights, loaded a step ahead
+  [[maybe_unused]] uint4 w_after[Deep ? 4 : 1][2];  // Deep: the step after it
   int s = warp;
-  // With Ring: this lane's slot j (= 2r + c) of stage i, and the copy of step st into stage i
-  // (a commit group even when past the last step, so the group count stays one a step).
-  [[maybe_unused]] uint4* const ring = reinterpret_cast<uint4*>(s_acc) + warp * (ring_stages * 8 * 32) + lane;
-  [[maybe_unused]] const auto issue = [&](int st, int stage) {
-    if (st < steps) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) copy_async16(ring + (stage * 8 + 2 * r + c) * 32, wrow[r] + st * k_step + c * 32);
-    }
-    copy_async_commit();
-  };
-  if constexpr (Ring) {
-#pragma unroll
-    for (int i = 0; i < ring_stages - 1; ++i) issue(s + i * warps, i);
-  } else if (s < steps) {
+  if (s < steps) {
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wrow[r] + s * k_step + c * 32);
+  }
+  if constexpr (Deep) {
+    if (s + warps < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) w_after[r][c] = load_stream(wrow[r] + (s + warps) * k_step + c * 32);
+    }
   }
   grid_dependency_wait();  // the activations come from the kernel before this one
   [[maybe_unused]] float rstd[MT];
@@ -307,24 +277,24 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
   if constexpr (Ahead) {
     if (s < steps) load_act<MT>(a_next, ap, a_ok, s);
   }
-  for (int it = 0; s < steps; s += warps, ++it) {
+  for (; s < steps; s += warps) {
     uint4 wv[4][2];
-    if constexpr (Ring) {
-      // Stage it % S was consumed in the previous iteration (its values are in registers).
-      issue(s + (ring_stages - 1) * warps, (it + ring_stages - 1) % ring_stages);
-      copy_async_wait<ring_stages - 1>();  // step s's group has landed
-      const int stage = it % ring_stages;
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) wv[r][c] = w_next[r][c];
+    if constexpr (Deep) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) wv[r][c] = ring[(stage * 8 + 2 * r + c) * 32];
-    } else {
+        for (int c = 0; c < 2; ++c) w_next[r][c] = w_after[r][c];
+      if (s + 2 * warps < steps) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) wv[r][c] = w_next[r][c];
-    }
-    if (!Ring && s + warps < steps) {
+          for (int c = 0; c < 2; ++c) w_after[r][c] = load_stream(wrow[r] + (s + 2 * warps) * k_step + c * 32);
+      }
+    } else if (s + warps < steps) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -366,10 +336,6 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
         }
   }
 
-  if constexpr (Ring) {
-    copy_async_wait<0>();  // only empty groups are left, but the ring's bytes become s_acc's
-    __syncthreads();
-  }
   // acc[tile][t][i]: weight row tile * 16 + g + 8 * (i / 2), activation row t * 8 + 2q + i % 2.
   float* mine = s_acc + warp * (MT * 8 * smem_stride);
 #pragma unroll
@@ -404,24 +370,14 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
       OutT* o = static_cast<OutT*>(p.out) + static_cast<std::int64_t>(m) * p.ldo + col0 + r;
       if (p.bias) v += to_f32(p.bias[col0 + r]);
       if (p.beta != 0.0f) v += p.beta * to_f32(*o);
-      const OutT stored = from_f32<OutT>(v);
-      *o = stored;
-      if (p.stats_out) {
-        // A warp holds one row's 32 columns here (slab_rows == 32 and whole warps iterate), so
-        // its butterfly is the slab's sum of squares of that row, as the norm will read it.
-        const float f = to_f32(stored);
-        const float ss = warp_sum(f * f);
-        if (r == 0) p.stats_out[static_cast<std::int64_t>(m) * gridDim.x + blockIdx.x] = ss;
-      }
+      *o = from_f32<OutT>(v);
     }
   }
 }
 
 template <int MT>
-std::size_t smem_bytes(int warps, Mode mode) {
-  const std::size_t acc = static_cast<std::size_t>(warps) * MT * 8 * smem_stride * sizeof(float);
-  const std::size_t ring = static_cast<std::size_t>(warps) * ring_stages * ring_step_bytes;
-  return mode == Mode::ring ? std::max(acc, ring) : acc;
+std::size_t smem_bytes(int warps) {
+  return static_cast<std::size_t>(warps) * MT * 8 * smem_stride * sizeof(float);
 }
 
 // Warps of this kernel one SM holds (registers bound it), and the opt-in to more than 48 KB of
@@ -431,26 +387,32 @@ int warps_per_sm() {
   static const int warps = [] {
     const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu, M>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_bytes<MT>(max_warps, M))));
+                                          static_cast<int>(smem_bytes<MT>(max_warps))));
     int blocks = 0;
-    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32, smem_bytes<MT>(1, M)));
+    XSERV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32, smem_bytes<MT>(1)));
     return std::max(blocks, 1);
   }();
   return warps;
 }
 
-// Warps per block: the power of two (1..16, at most one per K step and what an SM holds) that
-// brings slabs x warps closest to every SM full.
-int warps_for(int slabs, int steps, int per_sm, int sm_count) {
+// Warps per block: the power of two (1..limit, at most one per K step and what an SM holds)
+// that brings slabs x warps closest to every SM full. one_wave: never doubles past the size at
+// which every block still fits at once (blocks an SM = per_sm / w, rounded down), for the deep
+// form's fewer warps an SM (Qwen3-8B's q|k|v: 192 blocks of 8 warps would be 1.45 waves at 14
+// warps an SM).
+int warps_for(int slabs, int steps, int per_sm, int sm_count, int limit, bool one_wave) {
   const double ideal = static_cast<double>(per_sm) * sm_count / slabs;
+  const auto fits = [&](int w) { return slabs <= sm_count * (per_sm / w); };
   int w = 1;
-  while (w * 2 <= std::min({max_warps, steps, per_sm}) && w * 1.5 < ideal) w *= 2;
+  while (w * 2 <= std::min({limit, steps, per_sm}) && w * 1.5 < ideal && !(one_wave && fits(w) && !fits(w * 2)))
+    w *= 2;
   return w;
 }
 
-// XSERV_CUDA_SKINNY_BIG_WARPS=N (read at every launch, for comparisons): N warps a block (a power
-// of two up to 16) where the slabs exceed one wave of one-warp blocks (the lm_head: 4748 slabs,
-// ~2.2 waves of 64-step blocks), so blocks are N times shorter and the last wave's tail too.
+// XSERV_CUDA_SKINNY_BIG_WARPS=N (read at every launch, for comparisons): N warps a block (at most
+// the kernel's limit and K's steps) where the slabs exceed one wave of one-warp blocks (the
+// lm_head: 4748 slabs, ~2.2 waves of 64-step one-warp blocks), so blocks are N times shorter and
+// so is the last wave's tail.
 int big_warps() {
   const char* env = std::getenv("XSERV_CUDA_SKINNY_BIG_WARPS");
   return env ? std::clamp(std::atoi(env), 0, max_warps) : 0;
@@ -459,11 +421,12 @@ int big_warps() {
 template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>
 void launch_mt_mode(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, M>();
-  int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
+  const int limit = M == Mode::deep ? deep_max_warps : max_warps;
+  int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count, limit, M == Mode::deep);
   if (const int big = big_warps(); big > 0 && p.n / slab_rows > per_sm * sm_count)
-    warps = std::min(big, p.k / k_step);
+    warps = std::min({big, limit, p.k / k_step});
   launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu, M>, dim3(static_cast<unsigned>(p.n / slab_rows)),
-             dim3(warps * 32), smem_bytes<MT>(warps, M), stream, p);
+             dim3(warps * 32), smem_bytes<MT>(warps), stream, p);
 }
 
 // XSERV_CUDA_SKINNY_ACT_AHEAD=1 (read at every launch, for comparisons): the activation
@@ -473,17 +436,24 @@ bool act_ahead() {
   return env && std::string_view(env) == "1";
 }
 
-// XSERV_CUDA_SKINNY_RING=1 (read at every launch, for comparisons): the weights through the
-// cp.async ring (Mode::ring); takes precedence over XSERV_CUDA_SKINNY_ACT_AHEAD.
-bool weight_ring() {
-  const char* env = std::getenv("XSERV_CUDA_SKINNY_RING");
-  return env && std::string_view(env) == "1";
+// XSERV_CUDA_SKINNY_DEEP=BITS (read at every launch, for comparisons): which launches keep two
+// steps of weights in flight (Mode::deep): 1 bf16 outputs without SwiGLU (q|k|v, o_proj, down),
+// 2 the SwiGLU epilogue (gate|up), 4 f32 outputs (the lm_head). Not with the norm prologue.
+int deep_bits() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_DEEP");
+  return env ? std::atoi(env) : 0;
 }
 
 template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
 void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
-  if (weight_ring()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ring>(stream, p, sm_count);
-  else if (act_ahead()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ahead>(stream, p, sm_count);
+  const int kind = Swiglu ? 2 : std::is_same_v<OutT, float> ? 4 : 1;
+  if constexpr (!Norm) {
+    if ((deep_bits() & kind) != 0) {
+      launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::deep>(stream, p, sm_count);
+      return;
+    }
+  }
+  if (act_ahead()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ahead>(stream, p, sm_count);
   else launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::regs>(stream, p, sm_count);
 }
 
@@ -546,37 +516,6 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
   p.chunks = stat_chunks(k);
   if (!norm_weight) launch_typed<bf16, false, true>(stream, p, sm_count);  // x already normalised
   else if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);
-  else launch_typed<bf16, true, false>(stream, p, sm_count);
-  XSERV_CUDA_LAUNCH_CHECK();
-}
-
-bool skinny_gemm_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t rows,
-                                     const void* a, const void* w_res, const void* x, const void* norm_weight,
-                                     const void* w, std::int64_t max_rows) noexcept {
-  return skinny_gemm_supported(dt, m, n, k, a, w_res, max_rows) &&
-         skinny_gemm_supported(dt, m, rows, n, x, w, max_rows) && aligned16(norm_weight);
-}
-
-std::size_t skinny_gemm_norm_stats_bytes(std::int64_t n) noexcept {
-  return static_cast<std::size_t>(max_skinny_gemm_rows) * static_cast<std::size_t>(n / slab_rows) * sizeof(float);
-}
-
-void launch_skinny_gemm_norm_gemm(cudaStream_t stream, void* x, const void* a, const void* w_res, void* out,
-                                  const void* norm_weight, float eps, const void* w, bool swiglu, std::int64_t m,
-                                  std::int64_t n, std::int64_t k, std::int64_t rows, int sm_count, float* stats) {
-  if (m == 0) return;
-  SkinnyParams res{x, n, static_cast<const bf16*>(a), static_cast<const bf16*>(w_res), nullptr, 1.0f,
-                   static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
-  res.stats_out = stats;
-  launch_typed<bf16>(stream, res, sm_count);
-  XSERV_CUDA_LAUNCH_CHECK();
-  SkinnyParams p{out, swiglu ? rows / 2 : rows, static_cast<const bf16*>(x), static_cast<const bf16*>(w), nullptr,
-                 0.0f, static_cast<int>(m), static_cast<int>(rows), static_cast<int>(n)};
-  p.norm_w = static_cast<const bf16*>(norm_weight);
-  p.eps = eps;
-  p.slab_stats = stats;
-  p.slabs = static_cast<int>(n / slab_rows);
-  if (swiglu) launch_typed<bf16, true, true>(stream, p, sm_count);
   else launch_typed<bf16, true, false>(stream, p, sm_count);
   XSERV_CUDA_LAUNCH_CHECK();
 }

@@ -183,21 +183,6 @@ std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept;
 void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, const void* norm_weight, float eps,
                              const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
                              int sm_count, void* scratch);
-// A residual GEMM and the pre-norm GEMM after it (Backend::gemm_rms_norm_gemm at 5..32 rows,
-// bf16) without the norm kernel between them: x[m, n] += a[m, k] . W_res^T (W_res [n, k]), whose
-// epilogue also writes each row's sum of squares over each 32-column slab of the stored x to
-// `stats` (skinny_gemm_norm_stats_bytes(n) bytes on the device), then out = RMSNorm(x) *
-// norm_weight . W^T (W [rows, n]; with swiglu silu(gate) * up, out [m, rows / 2]) with each row's
-// rstd added up from those sums in a fixed order and the normalised rows rounded as launch_norm
-// rounds them. Needs what skinny_gemm_supported needs of both GEMMs and a 16-byte aligned norm
-// weight.
-bool skinny_gemm_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t rows,
-                                     const void* a, const void* w_res, const void* x, const void* norm_weight,
-                                     const void* w, std::int64_t max_rows) noexcept;
-std::size_t skinny_gemm_norm_stats_bytes(std::int64_t n) noexcept;
-void launch_skinny_gemm_norm_gemm(cudaStream_t stream, void* x, const void* a, const void* w_res, void* out,
-                                  const void* norm_weight, float eps, const void* w, bool swiglu, std::int64_t m,
-                                  std::int64_t n, std::int64_t k, std::int64_t rows, int sm_count, float* stats);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as

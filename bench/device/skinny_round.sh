@@ -8,6 +8,9 @@
 #                  (variant-major: the variants interleave within a model's pass)
 #   VARIANTS       "name:ENV=V,ENV=V" words (a name alone: the defaults)
 #   PASSES         passes over VARIANTS per SERVE word (default 2, the second in reverse order)
+#   REGRESS        "model:concurrencies" words run after the first pass (and again after the last),
+#                  interleaved: the first variant of VARIANTS (the defaults) against the variant
+#                  with the highest mean output tok/s of the first SERVE word so far
 #   TRACES_FIRST   "label:model:concurrency:ENV=V,..." serve_bench runs under the CUPTI tracer, and
 #                  "label:model:b1:ENV=V,..." generate_bench batch-1 runs (128 + 32 tokens), after
 #                  the tests; TRACES the same after the first pass, TRACES_LAST after all passes
@@ -75,6 +78,28 @@ trace_runs() {  # trace words
   done
 }
 trace_runs ${TRACES_FIRST:-}
+best_variant() {  # model, concurrency: the variant word of VARIANTS with the highest mean tok/s
+  local v n f x best="" best_tps=0
+  for v in ${VARIANTS:-base}; do
+    n=$(name "$v")
+    x=$(for f in "$OUT"/sb_${1}_${2}_$n.*.txt; do
+          [ -f "$f" ] && grep -E '^\| [0-9]' "$f" | head -1 | awk -F'|' '{print $3}'
+        done | awk '$1 > 0 {s += $1; c++} END {if (c) printf "%d", s / c; else print 0}')
+    if ((x > best_tps)); then best_tps=$x best=$v; fi
+  done
+  echo "$best"
+}
+regress() {
+  local first=${SERVE%% *} vs base best w
+  vs=(${VARIANTS:-base}); base=${vs[0]}
+  best=$(best_variant "${first%%:*}" "${first#*:}")
+  [ -n "$best" ] && [ "$best" != "$base" ] || { echo "$(ts) regressions: no variant beats $base"; return; }
+  echo "== $(ts) regressions: $(name "$base") against $(name "$best") [$(settings "$best")]"
+  for w in ${REGRESS:-}; do
+    sb "$base" "${w%%:*}" "${w#*:}" 20
+    sb "$best" "${w%%:*}" "${w#*:}" 20
+  done
+}
 for w in ${SERVE:-}; do
   model=${w%%:*} conc=${w#*:}
   need=$([ "$model" = qwen3-8b ] && echo 16 || echo 10)
@@ -84,6 +109,7 @@ for w in ${SERVE:-}; do
     if ((pass % 2 == 0)); then order=("${vs[@]}"); else order=(); for ((i = ${#vs[@]} - 1; i >= 0; --i)); do order+=("${vs[$i]}"); done; fi
     for v in "${order[@]}"; do sb "$v" "$model" "$conc" "$need"; done
     ((pass == 0)) && trace_runs ${TRACES:-}
+    [ "$w" = "${SERVE%% *}" ] && ((pass == 0 || pass == ${PASSES:-2} - 1)) && regress
   done
 done
 trace_runs ${TRACES_LAST:-}
