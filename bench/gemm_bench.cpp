@@ -14,8 +14,8 @@
 // --skinny instead times the tensor-core skinny kernel (cuda/gemm_skinny.cu, rows <= 32; gate|up
 // with its SwiGLU epilogue) in each of its opt-in forms, set through their environment switches
 // (read at every launch): the default, XSERV_CUDA_SKINNY_DEEP=7 (two steps of weights in flight),
-// XSERV_CUDA_SKINNY_BIG_WARPS=2/4/8 (change only the lm_head), both, and
-// XSERV_CUDA_SKINNY_ACT_AHEAD=1.
+// XSERV_CUDA_SKINNY_BIG_WARPS=0/2/8 (the lm_head's warps a block; 0: one, the rule before
+// 2026-12-04; the default is 4), deep with 2 and 4, and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
 // Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1].
 // Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
@@ -181,8 +181,8 @@ int main(int argc, char** argv) {
   };
   const Form forms[] = {{"default", nullptr},
                         {"deep", "XSERV_CUDA_SKINNY_DEEP=7"},
+                        {"big0", "XSERV_CUDA_SKINNY_BIG_WARPS=0"},
                         {"big2", "XSERV_CUDA_SKINNY_BIG_WARPS=2"},
-                        {"big4", "XSERV_CUDA_SKINNY_BIG_WARPS=4"},
                         {"big8", "XSERV_CUDA_SKINNY_BIG_WARPS=8"},
                         {"deep+big2", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=2"},
                         {"deep+big4", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=4"},

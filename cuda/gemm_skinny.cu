@@ -25,7 +25,9 @@
 // activation lines in L1); the warps add their accumulators in shared memory in warp order (the
 // result does not depend on timing) and write each output row as 32 consecutive columns. W is
 // chosen per shape so the whole GPU streams at once: 16 warps a slab for Qwen3-8B's o_proj (128
-// slabs), 2 for its gate|up (768 slabs), 1 for the lm_head. No split crosses blocks: an earlier
+// slabs), 2 for its gate|up (768 slabs), and 4 for the lm_head (4748 slabs, more than one wave of
+// even one-warp blocks: 4 warps make the blocks, and the last wave's tail, 4 times shorter than
+// one warp's 64 K steps). No split crosses blocks: an earlier
 // version split K over blocks with a last-block reduction, and that reduction (one block reading
 // every split's partials at L2 latency) halved the speed.
 //
@@ -409,13 +411,16 @@ int warps_for(int slabs, int steps, int per_sm, int sm_count, int limit, bool on
   return w;
 }
 
-// XSERV_CUDA_SKINNY_BIG_WARPS=N (read at every launch, for comparisons): N warps a block (at most
-// the kernel's limit and K's steps) where the slabs exceed one wave of one-warp blocks (the
-// lm_head: 4748 slabs, ~2.2 waves of 64-step one-warp blocks), so blocks are N times shorter and
-// so is the last wave's tail.
+// Warps a block where the slabs exceed one wave of one-warp blocks (the lm_head: 4748 slabs, ~2.2
+// waves of 64-step one-warp blocks, whose last wave's tail left the GPU half idle): 4, so blocks
+// are 4 times shorter and so is the tail. Measured on the H200 (docs/benchmarks.md, "The 16-row
+// decode step of Qwen3-8B"): the 8B lm_head at 16 rows 353 -> 314 us, 1.7B's 178 -> 162, serving
+// 8B 16 at once +0.7%. XSERV_CUDA_SKINNY_BIG_WARPS=N (read at every launch): N warps instead (at
+// most the kernel's limit and K's steps), 0 the one-warp rule as before (for comparisons).
+constexpr int default_big_warps = 4;
 int big_warps() {
   const char* env = std::getenv("XSERV_CUDA_SKINNY_BIG_WARPS");
-  return env ? std::clamp(std::atoi(env), 0, max_warps) : 0;
+  return env ? std::clamp(std::atoi(env), 0, max_warps) : default_big_warps;
 }
 
 template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>

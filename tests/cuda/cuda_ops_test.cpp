@@ -587,8 +587,8 @@ TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_S
   XSERV_REQUIRE_CUDA_DEVICE();
   // The lm_head's shape class: more 32-row slabs than one wave of one-warp blocks holds (any
   // H200-sized GPU holds at most 32 x 132 = 4224 one-warp blocks: 4352 slabs are past that), f32
-  // logits. Read at every launch: the same backend with 1 (the default rule), 2, 4 and 16 warps a
-  // block (the last more than K's steps: clamped to them).
+  // logits. Read at every launch: the same backend with the default (4 warps a block), 0 (the
+  // one-warp rule before), 2 and 16 warps a block (more than K's 8 steps: clamped to them).
   GpuCpu be;
   std::mt19937 rng(47);
   const std::int64_t m = 16, k = 512, n = 4352 * 32;
@@ -598,12 +598,12 @@ TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_S
   std::vector<float> want(static_cast<std::size_t>(m * n));
   be.cpu.gemm(host_view(want, {m, n}), host_view(a, {m, k}), host_view(w, {n, k}), WeightLayout::out_in, {});
   const Tensor ga = be.gpu_tensor(a, DType::bf16, {m, k}), gw = be.gpu_tensor(w, DType::bf16, {n, k});
-  for (const char* warps : {"0", "2", "4", "16"}) {
-    INFO("XSERV_CUDA_SKINNY_BIG_WARPS=" << warps);
+  for (const char* warps : {static_cast<const char*>(nullptr), "0", "2", "16"}) {
+    INFO("XSERV_CUDA_SKINNY_BIG_WARPS=" << (warps ? warps : "(unset)"));
     const ScopedEnv big("XSERV_CUDA_SKINNY_BIG_WARPS", warps);
     std::vector<float> got[2];
-    // One, then two steps of weights in flight: the same warps a block here (one-warp blocks by
-    // the rule, or BIG_WARPS clamped to K's 8 steps), so the same sums in the same order.
+    // One, then two steps of weights in flight: the same warps a block here (BIG_WARPS or one
+    // warp, clamped to K's 8 steps), so the same sums in the same order.
     for (int deep = 0; deep < 2; ++deep) {
       const ScopedEnv d("XSERV_CUDA_SKINNY_DEEP", deep ? "4" : nullptr);
       Tensor gout = be.gpu_poisoned(DType::f32, {m, n});
