@@ -4,13 +4,14 @@
 A step starts at each embedding kernel (the first kernel of every forward; its grid is the
 step's token count) and lasts to the next one. The run is the steps after the last one of at
 most 4 tokens (serve_bench's warm-up decodes 4 requests; a run of 16 or more requests at once
-never steps that few), so trace one --concurrency per process.
+never steps that few), so trace one --concurrency per process; --all-steps keeps every step (a
+generate_bench run of batch 1, whose decode steps are all of one token).
 Prints: the run's wall span split into prefill steps (a prefill attention kernel in them) and
 decode-only steps, each step's period, kernel-busy time and GPU idle (period minus the union of
 kernels and copies), the host's CUDA runtime time per call name; then for the decode steps of
 the most common token count, the mean time per kernel (name and grid, so GEMMs of different
 shapes stay apart) and one layer's kernels in launch order.
-Usage: cupti_steps.py TRACE.csv [--steps] [--top N]"""
+Usage: cupti_steps.py TRACE.csv [--steps] [--top N] [--all-steps]"""
 import collections
 import csv
 import re
@@ -37,7 +38,7 @@ def union(intervals):
     return total
 
 
-def main(path, show_steps, top):
+def main(path, show_steps, top, all_steps=False):
     gpu, api = [], []
     with open(path, errors="replace") as f:
         for r in csv.DictReader(f):
@@ -51,7 +52,7 @@ def main(path, show_steps, top):
     emb = [i for i, g in enumerate(gpu) if g[2] == "kernel" and "embedding_kernel" in g[6]]
     if len(emb) < 3:
         raise SystemExit(f"{len(emb)} embedding kernels in {path}")
-    small = [k for k, i in enumerate(emb) if gpu[i][3] <= 4]
+    small = [] if all_steps else [k for k, i in enumerate(emb) if gpu[i][3] <= 4]
     first = small[-1] + 1 if small else 0
     starts = emb[first:]
     steps = []
@@ -143,4 +144,4 @@ if __name__ == "__main__":
     if "--top" in sys.argv:
         top = int(sys.argv[sys.argv.index("--top") + 1])
         args = [a for a in args if a != str(top)]
-    main(args[0], "--steps" in sys.argv, top)
+    main(args[0], "--steps" in sys.argv, top, "--all-steps" in sys.argv)
