@@ -11,8 +11,13 @@
 //   heuristic's first 16, "16s": and split-K variants), and the algorithms (cublasLt.h's enum
 //   numbers: algo id, tile, split-k, reduction, stages, ...);
 // and per configuration the host time the tuning took (what the warm-up adds to a load).
-// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]. Speed is
-// printed, never asserted.
+// --skinny instead times the tensor-core skinny kernel (cuda/gemm_skinny.cu, rows <= 32; gate|up
+// with its SwiGLU epilogue) in each of its opt-in forms, set through their environment switches
+// (read at every launch): the default, XSERV_CUDA_SKINNY_DEEP=7 (two steps of weights in flight),
+// XSERV_CUDA_SKINNY_BIG_WARPS=0/2/8 (the lm_head's warps a block; 0: one, the rule before
+// 2026-12-04; the default is 4), deep with 2 and 4, and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
+// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1].
+// Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +33,7 @@
 #include "cuda_graph_timer.hpp"
 #include "cuda/device_arena.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/kernels.hpp"
 
 namespace {
 
@@ -92,12 +98,31 @@ double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Oper
   });
 }
 
+// Microseconds per skinny GEMM of `m` rows (the SwiGLU epilogue on gate|up) with the
+// environment's forms.
+double time_skinny(cudaStream_t stream, const GemmShape& s, const Operands& ops, std::int64_t m, int sm_count) {
+  const bool swiglu = s.name == "gate|up";
+  auto launch = [&](const void* w) {
+    if (swiglu)
+      launch_skinny_norm_gemm(stream, ops.out, ops.a, nullptr, 1e-6f, w, true, m, s.n, s.k, sm_count, nullptr);
+    else
+      launch_skinny_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, nullptr, s.beta, m, s.n, s.k, sm_count);
+  };
+  launch(ops.weights[0]);
+  check(cudaStreamSynchronize(stream), "eager run");
+  const std::size_t per_graph = ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
+  return graph_us_per_launch(stream, per_graph, [&] {
+    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> models = {"1.7b", "8b"};
   std::vector<std::int64_t> rows = {24, 32, 40, 48, 64, 72, 96, 128, 160, 192, 256};
   std::vector<std::string> configs = {"16", "16s", "32s"};
+  bool skinny = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::vector<std::string> v = split(argv[i + 1]);
     if (std::strcmp(argv[i], "--models") == 0) {
@@ -107,10 +132,12 @@ int main(int argc, char** argv) {
       for (const auto& r : v) rows.push_back(std::atoll(r.c_str()));
     } else if (std::strcmp(argv[i], "--configs") == 0) {
       configs = v;
+    } else if (std::strcmp(argv[i], "--skinny") == 0) {
+      skinny = v.size() == 1 && v[0] == "1";
     } else {
       std::fprintf(
           stderr,
-          "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s]\n");
+          "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1]\n");
       return 2;
     }
   }
@@ -148,16 +175,55 @@ int main(int argc, char** argv) {
             "fill");
   };
 
-  std::printf(
-      "L2 %d MB; buckets tuned at their own row counts, then each row count timed (us per "
-      "GEMM)\n\n",
-      l2 >> 20);
-  std::printf("| model | shape | MB | rows | heuristic us | TB/s |");
-  for (const auto& c : configs) std::printf(" %s us |", c.c_str());
-  std::printf(" heuristic algorithm | %s algorithm |\n", configs.back().c_str());
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: |");
-  for (std::size_t i = 0; i < configs.size(); ++i) std::printf(" ---: |");
-  std::printf(" --- | --- |\n");
+  struct Form {
+    const char* name;
+    const char* env;  // "NAME=VALUE" or nullptr
+  };
+  const Form forms[] = {{"default", nullptr},
+                        {"deep", "XSERV_CUDA_SKINNY_DEEP=7"},
+                        {"big0", "XSERV_CUDA_SKINNY_BIG_WARPS=0"},
+                        {"big2", "XSERV_CUDA_SKINNY_BIG_WARPS=2"},
+                        {"big8", "XSERV_CUDA_SKINNY_BIG_WARPS=8"},
+                        {"deep+big2", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=2"},
+                        {"deep+big4", "XSERV_CUDA_SKINNY_DEEP=7 XSERV_CUDA_SKINNY_BIG_WARPS=4"},
+                        {"act_ahead", "XSERV_CUDA_SKINNY_ACT_AHEAD=1"}};
+  const auto set_form = [](const Form& f) {
+    for (const char* v : {"XSERV_CUDA_SKINNY_DEEP", "XSERV_CUDA_SKINNY_BIG_WARPS", "XSERV_CUDA_SKINNY_ACT_AHEAD"})
+      unsetenv(v);
+    if (!f.env) return;
+    std::string all = f.env;
+    for (std::size_t at = 0; at < all.size();) {
+      std::size_t end = all.find(' ', at);
+      if (end == std::string::npos) end = all.size();
+      const std::string kv = all.substr(at, end - at);
+      const std::size_t eq = kv.find('=');
+      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+      at = end + 1;
+    }
+  };
+  int sm_count = 0;
+  check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "attribute");
+  if (skinny)
+    std::printf("L2 %d MB; the skinny kernel's forms, us per GEMM (weight TB/s)\n\n| model | shape | MB | rows |", l2 >> 20);
+  else
+    std::printf(
+        "L2 %d MB; buckets tuned at their own row counts, then each row count timed (us per "
+        "GEMM)\n\n",
+        l2 >> 20);
+  if (skinny) {
+    for (const Form& f : forms) std::printf(" %s |", f.name);
+    std::printf("\n| --- | --- | ---: | ---: |");
+    for (std::size_t i = 0; i < std::size(forms); ++i) std::printf(" ---: |");
+    std::printf("\n");
+  }
+  if (!skinny) {
+    std::printf("| model | shape | MB | rows | heuristic us | TB/s |");
+    for (const auto& c : configs) std::printf(" %s us |", c.c_str());
+    std::printf(" heuristic algorithm | %s algorithm |\n", configs.back().c_str());
+    std::printf("| --- | --- | ---: | ---: | ---: | ---: |");
+    for (std::size_t i = 0; i < configs.size(); ++i) std::printf(" ---: |");
+    std::printf(" --- | --- |\n");
+  }
   std::vector<double> tune_seconds(configs.size(), 0.0);
   for (const std::string& model : models) {
     for (const GemmShape& s : shapes_of(model)) {
@@ -178,6 +244,25 @@ int main(int argc, char** argv) {
       check(cudaMalloc(&ops.out, out_bytes), "malloc out");
       check(cudaMemset(ops.out, 0, out_bytes), "memset out");
 
+      if (skinny) {
+        for (std::int64_t m : rows) {
+          if (!skinny_gemm_supported(DType::bf16, m, s.n, s.k, ops.a, ops.weights[0], max_skinny_gemm_rows)) continue;
+          std::printf("| %s | %s | %.1f | %lld |", model.c_str(), s.name.c_str(), w_bytes / 1e6,
+                      static_cast<long long>(m));
+          for (const Form& f : forms) {
+            set_form(f);
+            const double us = time_skinny(stream, s, ops, m, sm_count);
+            std::printf(" %.2f (%.2f) |", us, w_bytes / us / 1e6);
+          }
+          set_form(forms[0]);
+          std::printf("\n");
+          std::fflush(stdout);
+        }
+        for (void* w : ops.weights) (void)cudaFree(w);
+        (void)cudaFree(ops.a);
+        (void)cudaFree(ops.out);
+        continue;
+      }
       Gemm heuristic(stream, arena);
       std::vector<std::unique_ptr<Gemm>> tuned;
       for (std::size_t c = 0; c < tunings.size(); ++c) {

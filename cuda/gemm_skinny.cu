@@ -25,7 +25,9 @@
 // activation lines in L1); the warps add their accumulators in shared memory in warp order (the
 // result does not depend on timing) and write each output row as 32 consecutive columns. W is
 // chosen per shape so the whole GPU streams at once: 16 warps a slab for Qwen3-8B's o_proj (128
-// slabs), 2 for its gate|up (768 slabs), 1 for the lm_head. No split crosses blocks: an earlier
+// slabs), 2 for its gate|up (768 slabs), and 4 for the lm_head (4748 slabs, more than one wave of
+// even one-warp blocks: 4 warps make the blocks, and the last wave's tail, 4 times shorter than
+// one warp's 64 K steps). No split crosses blocks: an earlier
 // version split K over blocks with a last-block reduction, and that reduction (one block reading
 // every split's partials at L2 latency) halved the speed.
 //
@@ -50,6 +52,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -196,10 +199,22 @@ __device__ __forceinline__ void load_act(uint4 (&dst)[MT][2], const bf16* const 
                           : make_uint4(0, 0, 0, 0);
 }
 
-// Ahead: the activation fragments are loaded a step ahead too, like the weights (their L2
-// latency off each step's path; 8 * MT registers more).
-template <int MT, typename OutT, bool Norm = false, bool Swiglu = false, bool Ahead = false>
-__global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const SkinnyParams p) {
+// How a warp keeps weight bytes in flight (the template's Mode):
+// - regs: the next step's weights in registers, loaded a step ahead (4 KB a warp in flight);
+// - ahead: the same, and the activation fragments loaded a step ahead too (their L2 latency off
+//   each step's path; 8 * MT registers more; XSERV_CUDA_SKINNY_ACT_AHEAD=1);
+// - deep: the weights of the next two steps in registers (8 KB a warp in flight, 32 registers
+//   more), in blocks of at most deep_max_warps warps so the compiler may use more than 128
+//   registers a thread (XSERV_CUDA_SKINNY_DEEP). Staging the weights in shared memory instead
+//   (a cp.async ring) measured slower: its 12 KB a warp took the L1 space that keeps every
+//   block's activation reads out of L2 (docs/benchmarks.md).
+enum class Mode { regs, ahead, deep };
+constexpr int deep_max_warps = 8;
+
+template <int MT, typename OutT, bool Norm = false, bool Swiglu = false, Mode M = Mode::regs>
+__global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps) * 32)
+    skinny_gemm_kernel(const SkinnyParams p) {
+  constexpr bool Ahead = M == Mode::ahead, Deep = M == Mode::deep;
   extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
   __shared__ float s_rstd[Norm ? stat_rows : 1];
   __shared__ unsigned s_ticket;
@@ -228,12 +243,21 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
 
   float acc[2][MT][4] = {};
   uint4 w_next[4][2];  // [row g + 8r][chunk]: the next step's weights, loaded a step ahead
+  [[maybe_unused]] uint4 w_after[Deep ? 4 : 1][2];  // Deep: the step after it
   int s = warp;
   if (s < steps) {
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 2; ++c) w_next[r][c] = load_stream(wrow[r] + s * k_step + c * 32);
+  }
+  if constexpr (Deep) {
+    if (s + warps < steps) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) w_after[r][c] = load_stream(wrow[r] + (s + warps) * k_step + c * 32);
+    }
   }
   grid_dependency_wait();  // the activations come from the kernel before this one
   [[maybe_unused]] float rstd[MT];
@@ -261,7 +285,18 @@ __global__ void __launch_bounds__(max_warps * 32) skinny_gemm_kernel(const Skinn
     for (int r = 0; r < 4; ++r)
 #pragma unroll
       for (int c = 0; c < 2; ++c) wv[r][c] = w_next[r][c];
-    if (s + warps < steps) {
+    if constexpr (Deep) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) w_next[r][c] = w_after[r][c];
+      if (s + 2 * warps < steps) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) w_after[r][c] = load_stream(wrow[r] + (s + 2 * warps) * k_step + c * 32);
+      }
+    } else if (s + warps < steps) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -349,10 +384,10 @@ std::size_t smem_bytes(int warps) {
 
 // Warps of this kernel one SM holds (registers bound it), and the opt-in to more than 48 KB of
 // dynamic shared memory for 16-warp blocks of 32 rows.
-template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
+template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>
 int warps_per_sm() {
   static const int warps = [] {
-    const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>;
+    const auto kernel = skinny_gemm_kernel<MT, OutT, Norm, Swiglu, M>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_bytes<MT>(max_warps))));
     int blocks = 0;
@@ -362,20 +397,40 @@ int warps_per_sm() {
   return warps;
 }
 
-// Warps per block: the power of two (1..16, at most one per K step and what an SM holds) that
-// brings slabs x warps closest to every SM full.
-int warps_for(int slabs, int steps, int per_sm, int sm_count) {
+// Warps per block: the power of two (1..limit, at most one per K step and what an SM holds)
+// that brings slabs x warps closest to every SM full. one_wave: never doubles past the size at
+// which every block still fits at once (blocks an SM = per_sm / w, rounded down), for the deep
+// form's fewer warps an SM (Qwen3-8B's q|k|v: 192 blocks of 8 warps would be 1.45 waves at 14
+// warps an SM).
+int warps_for(int slabs, int steps, int per_sm, int sm_count, int limit, bool one_wave) {
   const double ideal = static_cast<double>(per_sm) * sm_count / slabs;
+  const auto fits = [&](int w) { return slabs <= sm_count * (per_sm / w); };
   int w = 1;
-  while (w * 2 <= std::min({max_warps, steps, per_sm}) && w * 1.5 < ideal) w *= 2;
+  while (w * 2 <= std::min({limit, steps, per_sm}) && w * 1.5 < ideal && !(one_wave && fits(w) && !fits(w * 2)))
+    w *= 2;
   return w;
 }
 
-template <int MT, typename OutT, bool Norm, bool Swiglu, bool Ahead>
-void launch_mt_ahead(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
-  const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, Ahead>();
-  const int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count);
-  launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu, Ahead>, dim3(static_cast<unsigned>(p.n / slab_rows)),
+// Warps a block where the slabs exceed one wave of one-warp blocks (the lm_head: 4748 slabs, ~2.2
+// waves of 64-step one-warp blocks, whose last wave's tail left the GPU half idle): 4, so blocks
+// are 4 times shorter and so is the tail. Measured on the H200 (docs/benchmarks.md, "The 16-row
+// decode step of Qwen3-8B"): the 8B lm_head at 16 rows 353 -> 314 us, 1.7B's 178 -> 162, serving
+// 8B 16 at once +0.7%. XSERV_CUDA_SKINNY_BIG_WARPS=N (read at every launch): N warps instead (at
+// most the kernel's limit and K's steps), 0 the one-warp rule as before (for comparisons).
+constexpr int default_big_warps = 4;
+int big_warps() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_BIG_WARPS");
+  return env ? std::clamp(std::atoi(env), 0, max_warps) : default_big_warps;
+}
+
+template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>
+void launch_mt_mode(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+  const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, M>();
+  const int limit = M == Mode::deep ? deep_max_warps : max_warps;
+  int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count, limit, M == Mode::deep);
+  if (const int big = big_warps(); big > 0 && p.n / slab_rows > per_sm * sm_count)
+    warps = std::min({big, limit, p.k / k_step});
+  launch_pdl(skinny_gemm_kernel<MT, OutT, Norm, Swiglu, M>, dim3(static_cast<unsigned>(p.n / slab_rows)),
              dim3(warps * 32), smem_bytes<MT>(warps), stream, p);
 }
 
@@ -386,10 +441,25 @@ bool act_ahead() {
   return env && std::string_view(env) == "1";
 }
 
+// XSERV_CUDA_SKINNY_DEEP=BITS (read at every launch, for comparisons): which launches keep two
+// steps of weights in flight (Mode::deep): 1 bf16 outputs without SwiGLU (q|k|v, o_proj, down),
+// 2 the SwiGLU epilogue (gate|up), 4 f32 outputs (the lm_head). Not with the norm prologue.
+int deep_bits() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_DEEP");
+  return env ? std::atoi(env) : 0;
+}
+
 template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
 void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
-  if (act_ahead()) launch_mt_ahead<MT, OutT, Norm, Swiglu, true>(stream, p, sm_count);
-  else launch_mt_ahead<MT, OutT, Norm, Swiglu, false>(stream, p, sm_count);
+  const int kind = Swiglu ? 2 : std::is_same_v<OutT, float> ? 4 : 1;
+  if constexpr (!Norm) {
+    if ((deep_bits() & kind) != 0) {
+      launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::deep>(stream, p, sm_count);
+      return;
+    }
+  }
+  if (act_ahead()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ahead>(stream, p, sm_count);
+  else launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::regs>(stream, p, sm_count);
 }
 
 template <typename OutT, bool Norm = false, bool Swiglu = false>

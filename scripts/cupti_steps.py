@@ -4,9 +4,10 @@
 A step starts at each embedding kernel (the first kernel of every forward; its grid is the
 step's token count) and lasts to the next one. The run is the steps after the last one of at
 most 4 tokens (serve_bench's warm-up decodes 4 requests; a run of 16 or more requests at once
-never steps that few), so trace one --concurrency per process. With --last-prefill the run is the
-steps from the last prefill step on (a generate_bench run, whose decode steps are all of 1 row:
-trace one --batch with --repeat 1, the warm-up run comes before it).
+never steps that few), so trace one --concurrency per process; --all-steps keeps every step (a
+generate_bench run of batch 1, whose decode steps are all of one token). With --last-prefill the
+run is the steps from the last prefill step on (a generate_bench run: trace one --batch with
+--repeat 1, the warm-up run comes before it).
 Prints: the run's wall span split into prefill steps (a prefill attention kernel in them) and
 decode-only steps, each step's period, kernel-busy time and GPU idle (period minus the union of
 kernels and copies), the host's CUDA runtime time per call name; then for the decode steps of
@@ -18,7 +19,7 @@ the previous kernel's end to its start (negative: it started under PDL while the
 and the advance of the end (end minus the previous kernel's end: the kernel's share of the step's
 critical path when each kernel's work waits for the one before), each the median over the steps;
 then the ends' advance summed per kernel name, and one layer's kernels averaged over the layers.
-Usage: cupti_steps.py TRACE.csv [--steps] [--top N] [--last-prefill] [--order]"""
+Usage: cupti_steps.py TRACE.csv [--steps] [--top N] [--all-steps] [--last-prefill] [--order]"""
 import collections
 import csv
 import statistics
@@ -46,7 +47,7 @@ def union(intervals):
     return total
 
 
-def main(path, show_steps, top, last_prefill=False, order=False):
+def main(path, show_steps, top, all_steps=False, last_prefill=False, order=False):
     gpu, api = [], []
     with open(path, errors="replace") as f:
         for r in csv.DictReader(f):
@@ -60,7 +61,7 @@ def main(path, show_steps, top, last_prefill=False, order=False):
     emb = [i for i, g in enumerate(gpu) if g[2] == "kernel" and "embedding_kernel" in g[6]]
     if len(emb) < 3:
         raise SystemExit(f"{len(emb)} embedding kernels in {path}")
-    small = [k for k, i in enumerate(emb) if gpu[i][3] <= 4]
+    small = [] if all_steps else [k for k, i in enumerate(emb) if gpu[i][3] <= 4]
     first = small[-1] + 1 if small else 0
     if last_prefill:
         big = [k for k, i in enumerate(emb) if gpu[i][3] > 4]
@@ -213,4 +214,5 @@ if __name__ == "__main__":
     if "--top" in sys.argv:
         top = int(sys.argv[sys.argv.index("--top") + 1])
         args = [a for a in args if a != str(top)]
-    main(args[0], "--steps" in sys.argv, top, "--last-prefill" in sys.argv, "--order" in sys.argv)
+    main(args[0], "--steps" in sys.argv, top, "--all-steps" in sys.argv, "--last-prefill" in sys.argv,
+         "--order" in sys.argv)

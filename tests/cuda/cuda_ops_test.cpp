@@ -487,6 +487,16 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
         check_on(*unfused);
       }
       for (auto& b : one) check_on(*b);
+      {
+        // Two steps of weights in flight (XSERV_CUDA_SKINNY_DEEP, read at every launch; not with
+        // the norm prologue), on the SwiGLU-alone backend (the default) and the separate kernels
+        // (plain bf16 GEMM). Its blocks hold at most 8 warps, so K may be split over fewer warps
+        // than one step ahead splits it: the f32 sums can differ in order, hence the same
+        // comparisons as the other fusion settings (the bit-equal case is the lm_head test's).
+        const ScopedEnv deep("XSERV_CUDA_SKINNY_DEEP", "7");
+        check_on(*one[1]);
+        check_on(*unfused);
+      }
     }
   }
 }
@@ -577,6 +587,39 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
       }
       require_close(runs_out[0], base_out, 2.5e-2, 2e-2);
     }
+  }
+}
+
+TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_SKINNY_BIG_WARPS), two steps in flight", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // The lm_head's shape class: more 32-row slabs than one wave of one-warp blocks holds (any
+  // H200-sized GPU holds at most 32 x 132 = 4224 one-warp blocks: 4352 slabs are past that), f32
+  // logits. Read at every launch: the same backend with the default (4 warps a block), 0 (the
+  // one-warp rule before), 2 and 16 warps a block (more than K's 8 steps: clamped to them).
+  GpuCpu be;
+  std::mt19937 rng(47);
+  const std::int64_t m = 16, k = 512, n = 4352 * 32;
+  auto a = randn(rng, static_cast<std::size_t>(m * k));
+  auto w = randn(rng, static_cast<std::size_t>(n * k), 0.05f);
+  for (auto* v : {&a, &w}) round_through(*v, DType::bf16);
+  std::vector<float> want(static_cast<std::size_t>(m * n));
+  be.cpu.gemm(host_view(want, {m, n}), host_view(a, {m, k}), host_view(w, {n, k}), WeightLayout::out_in, {});
+  const Tensor ga = be.gpu_tensor(a, DType::bf16, {m, k}), gw = be.gpu_tensor(w, DType::bf16, {n, k});
+  for (const char* warps : {static_cast<const char*>(nullptr), "0", "2", "16"}) {
+    INFO("XSERV_CUDA_SKINNY_BIG_WARPS=" << (warps ? warps : "(unset)"));
+    const ScopedEnv big("XSERV_CUDA_SKINNY_BIG_WARPS", warps);
+    std::vector<float> got[2];
+    // One, then two steps of weights in flight: the same warps a block here (BIG_WARPS or one
+    // warp, clamped to K's 8 steps), so the same sums in the same order.
+    for (int deep = 0; deep < 2; ++deep) {
+      const ScopedEnv d("XSERV_CUDA_SKINNY_DEEP", deep ? "4" : nullptr);
+      Tensor gout = be.gpu_poisoned(DType::f32, {m, n});
+      be.gpu->gemm(gout, ga, gw, WeightLayout::out_in, {});
+      got[deep] = be.read(gout);
+    }
+    // As the gemm test's f32 logits: sums of k terms of std ~0.05.
+    require_close(got[0], want, 1e-4 * 0.05 * std::sqrt(static_cast<double>(k)) + 1e-6, 1e-4);
+    CHECK(got[1] == got[0]);
   }
 }
 
