@@ -101,6 +101,7 @@ struct OutInArgs {
   bool evict_first = false;   // bulk kernel: weights read with an L2 evict-first policy (GemvTuning::evict_first)
   bool norm_early_w = false;  // Norm: the norm weight loaded before the dependency wait (GemvTuning::norm_early_w)
   bool resid_prefetch = false;  // bulk kernel: the first row's residual asked into L2 before the wait
+  bool early_trigger = false;   // the next kernel may launch before this one's wait (GemvTuning::early_trigger)
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -297,6 +298,7 @@ __global__ void __launch_bounds__(warps * 32, MinB) gemv_out_in_kernel(const Out
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = p.w + (static_cast<std::int64_t>(col) + r * static_cast<std::int64_t>(p.n)) * k;
 
+  if (p.early_trigger) allow_dependents();
   [[maybe_unused]] std::uint64_t pol = 0;
   if constexpr (Hint) pol = evict_first_policy();
   auto load_w = [&](const T* q) {
@@ -436,6 +438,7 @@ __global__ void __launch_bounds__(warps * 32, Swiglu ? 4 : 5) gemv_norm_persist_
       for (int u = 0; u < U; ++u)
         cur[r][u] = active && k0 + u * step < k ? load_stream(row(col, r) + k0 + u * step) : make_uint4(0, 0, 0, 0);
   };
+  if (p.early_trigger) allow_dependents();
   int g = blockIdx.x;
   first_batch(g);  // the weights do not depend on the previous kernel
   const bool early = norm_weight_early(p);
@@ -594,6 +597,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   const std::size_t act_bytes = ActGlobal ? 0 : static_cast<std::size_t>(k) * sizeof(T);
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(s_bulk + bulk_ring_bytes + act_bytes) + warp * bulk_stages;
 
+  if (p.early_trigger) allow_dependents();
   const int total_warps = gridDim.x * warps, gw = blockIdx.x * warps + warp;
   const unsigned row_bytes = static_cast<unsigned>(k) * sizeof(T);
   const int chunks = static_cast<int>((row_bytes + bulk_chunk - 1) / bulk_chunk);
@@ -712,6 +716,7 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   p.early_out = tune.early_out;
   p.evict_first = tune.evict_first;
   p.resid_prefetch = tune.resid_prefetch;
+  p.early_trigger = (tune.early_trigger & 1) != 0;
   const auto fits_two = [](std::size_t smem) { return 2 * (smem + 1024) <= 228 * 1024; };  // 1 KB a block is the runtime's
   // bulk_wide: a row too long for two blocks an SM beside its copy in shared memory (Qwen3-8B's
   // down_proj, K = 12288: 120 KB a block) is read from global memory instead, so two fit.
@@ -879,7 +884,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W and _RESID_PREFETCH: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH and _EARLY_TRIGGER: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -897,6 +902,7 @@ GemvTuning tuning_from_env() noexcept {
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
+  t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -941,6 +947,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
   const GemvTuning& tune = gemv_tuning();
   p.norm_early_w = Norm && tune.norm_early_w;
+  p.early_trigger = Norm && (tune.early_trigger & 2) != 0;
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;

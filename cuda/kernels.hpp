@@ -148,6 +148,16 @@ struct GemvTuning {
   // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
   // the small Qwen3 models").
   bool resid_prefetch = true;
+  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; opt-in): the one-row GEMVs let the next
+  // kernel launch (griddepcontrol.launch_dependents) before their own dependency wait instead of
+  // after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register and persistent
+  // kernels: q|k|v, gate|up). The o_proj waits on the decode attention with its weight already in
+  // its shared-memory ring, leaving DRAM idle; with the early trigger a PDL-launched gate|up can
+  // become resident then and issue its first loads. The next kernel still waits for this one to
+  // complete (griddepcontrol.wait): the same results. Measured (docs/benchmarks.md, "Batch-1
+  // decode of Qwen3-1.7B: a CUPTI profile"): 1 gains on Qwen3-0.6B (b1 +1.2%), loses on GPT-2
+  // (-3.4%) and does nothing for Qwen3-1.7B, whose 50 MB gate|up launches plainly; so off.
+  int early_trigger = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

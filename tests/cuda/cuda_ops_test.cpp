@@ -52,7 +52,7 @@ TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
   GpuCpu be;
   std::mt19937 rng(1);
   for (DType dt : kActs) {
-    for (std::int64_t d : {64, 768, 1000}) {
+    for (std::int64_t d : {64, 768, 1000, 4096}) {
       for (bool pos : {false, true}) {
         INFO(dtype_name(dt) << " d=" << d << " pos=" << pos);
         const std::int64_t vocab = 300, npos = 64, t = 37;
@@ -66,11 +66,18 @@ TEST_CASE("cuda embedding with and without learned positions", "[cuda]") {
         std::vector<float> want(static_cast<std::size_t>(t * d));
         be.cpu.embedding(host_view(want, {t, d}), host_view(ids, {t}), host_view(table, {vocab, d}),
                          pos ? host_view(ptab, {npos, d}) : Tensor(), host_view(positions, {t}));
-        Tensor out = be.gpu_poisoned(dt, {t, d});
-        be.gpu->embedding(out, be.gpu_ints(ids, {t}), be.gpu_tensor(table, dt, {vocab, d}),
-                          pos ? be.gpu_tensor(ptab, dt, {npos, d}) : Tensor(),
-                          be.gpu_ints(positions, {t}));
-        require_close(be.read(out), want, tol(dt) * 0.1, tol(dt));
+        std::vector<float> scalar;
+        for (const char* vec : {"0", "1"}) {  // XSERV_CUDA_EMBED_VEC: the vector kernel gives the same bits
+          INFO("XSERV_CUDA_EMBED_VEC=" << vec);
+          const ScopedEnv env_vec("XSERV_CUDA_EMBED_VEC", vec);
+          Tensor out = be.gpu_poisoned(dt, {t, d});
+          be.gpu->embedding(out, be.gpu_ints(ids, {t}), be.gpu_tensor(table, dt, {vocab, d}),
+                            pos ? be.gpu_tensor(ptab, dt, {npos, d}) : Tensor(),
+                            be.gpu_ints(positions, {t}));
+          require_close(be.read(out), want, tol(dt) * 0.1, tol(dt));
+          if (scalar.empty()) scalar = be.read(out);
+          else REQUIRE(be.read(out) == scalar);
+        }
       }
     }
   }
@@ -749,6 +756,56 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
         }
       }
     }
+  }
+}
+
+// The opt-in launch forms of 2026-12-04 (issue 12) on a chain of one-row GEMVs as a Qwen3 decode
+// layer runs them under programmatic dependent launch (o_proj + residual on the bulk kernel, the
+// RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual, the RMSNorm + q|k|v GEMV; three times
+// over): early_trigger (the bulk GEMVs, and with 3 also the norm GEMVs, let the next kernel launch
+// before their own wait) must give the defaults' bits.
+TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(41);
+  const std::int64_t d = 2048, inner = 3072, qkv_n = 4096;
+  const DType dt = DType::bf16;
+  auto mk = [&](std::int64_t rows, std::int64_t cols) {
+    auto w = randn(rng, static_cast<std::size_t>(rows * cols), static_cast<float>(1.0 / std::sqrt(cols)));
+    return be.gpu_tensor(w, dt, {rows, cols});
+  };
+  const Tensor o_w = mk(d, d), gu_w = mk(2 * inner, d), down_w = mk(d, inner), qkv_w = mk(qkv_n, d);
+  auto g = randn(rng, static_cast<std::size_t>(d), 0.1f);
+  for (auto& v : g) v += 1.0f;
+  const Tensor norm_w = be.gpu_tensor(g, dt, {d});
+  const auto x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
+  struct Reset {
+    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+  } reset;
+  const auto chain = [&](int early_trigger) {
+    cuda::GemvTuning t;
+    t.early_trigger = early_trigger;
+    cuda::gemv_tuning() = t;
+    Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
+    Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
+    Tensor h = be.gpu_poisoned(dt, {1, d}), gu = be.gpu_poisoned(dt, {1, 2 * inner});
+    for (int layer = 0; layer < 3; ++layer) {
+      be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+      be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
+      be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+      be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
+      attn = Tensor(qkv.data, dt, {1, d}, qkv.device);  // the next layer's "attention output": q's columns
+    }
+    std::vector<float> out = be.read(x), q = be.read(qkv);
+    out.insert(out.end(), q.begin(), q.end());
+    return out;
+  };
+  const std::vector<float> base = chain(0);
+  for (float v : base) REQUIRE(std::isfinite(v));
+  for (int et : {1, 2, 3}) {
+    INFO("early_trigger " << et);
+    const bool same = chain(et) == base;  // tolerance 0: the same bits
+    REQUIRE(same);
   }
 }
 
