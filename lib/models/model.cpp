@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "core/error.hpp"
@@ -196,7 +197,26 @@ WeightLayout Model::conv1d_layout() const noexcept {
   // XSERV_CUDA_CONV1D=in_out keep them as stored.
   const bool cpu = backend_.device().kind == DeviceKind::cpu;
   const char* v = std::getenv(cpu ? "XSERV_CPU_CONV1D" : "XSERV_CUDA_CONV1D");
-  return v && std::string_view(v) == "in_out" ? WeightLayout::in_out : WeightLayout::out_in;
+  const std::string_view s(v ? v : "");
+  if (cpu && s == "panels") return WeightLayout::panel32;
+  return s == "in_out" ? WeightLayout::in_out : WeightLayout::out_in;
+}
+
+Tensor Model::pack_panels(const Tensor& w) {
+  constexpr std::int64_t pw = weight_panel_width;
+  XSERV_CHECK(w.shape.rank() == 2 && w.shape[1] % pw == 0 && w.device.kind == DeviceKind::cpu,
+              ErrorCode::internal, "pack_panels: a 2-D CPU weight with N a multiple of {}, not {}", pw, w.shape);
+  const std::int64_t k = w.shape[0], n = w.shape[1];
+  const auto es = static_cast<std::int64_t>(dtype_size(w.dtype));
+  Buffer& b = weight_buffers_.emplace_back(backend_.allocator(), w.bytes());
+  const auto* src = static_cast<const char*>(w.data);
+  auto* dst = static_cast<char*>(b.data());
+  // Panel p holds columns [32p, 32p + 32) of every row k, one run of 32 weights per k.
+  for (std::int64_t p = 0; p < n / pw; ++p)
+    for (std::int64_t r = 0; r < k; ++r)
+      std::memcpy(dst + (p * k + r) * pw * es, src + (r * n + p * pw) * es,
+                  static_cast<std::size_t>(pw * es));
+  return Tensor(b.data(), w.dtype, w.shape, w.device);
 }
 
 Tensor Model::transpose_in_out(const Tensor& w) {

@@ -120,6 +120,14 @@ TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golde
                XSERV_TEST_DATA_DIR "/models/shakespeare");
 }
 
+TEST_CASE("GPT-2 with its Conv1D weights in 32-column panels matches transformers",
+          "[models][golden]") {
+  // XSERV_CPU_CONV1D=panels (Model::pack_panels): the panel GEMV and the in-place panel GEMM.
+  const test::ScopedEnv env("XSERV_CPU_CONV1D", "panels");
+  const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
+  check_golden(d, d);
+}
+
 TEST_CASE("GPT-2 with its Conv1D weights as stored still matches transformers",
           "[models][golden]") {
   // XSERV_CPU_CONV1D=in_out (Model::conv1d_layout; the CPU backend transposes them at load by
