@@ -15,9 +15,10 @@
 #   OUT=... bash bench/device/cpu_panels_round.sh        (from the repository root)
 source bench/device/cpu_round_common.sh
 B=${B:-/tmp/b}
-BUDGET=${BUDGET:-165}
+BUDGET=${BUDGET:-163}
 left() { echo $((BUDGET - ($(date +%s) - t0))); }
-G8=${G8:-"base panels:XSERV_CPU_CONV1D=panels panels_pf_off:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_PREFETCH=off"}
+G8=${G8:-"base panels:XSERV_CPU_CONV1D=panels panels_pf_off:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_PREFETCH=off
+  panels_t32x2:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_TILE=32x2"}
 G2=${G2:-"base panels:XSERV_CPU_CONV1D=panels"}
 Q2=${Q2:-"base attn_pf2:XSERV_CPU_ATTN_PREFETCH=2"}
 Q2_PROFILES=${Q2_PROFILES:-base}
@@ -74,7 +75,7 @@ profile() {  # $1 label, $2 env (VAR=v,...), $3 model, $4 threads, $5 which: pre
 }
 
 # 2-5.
-probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-3}" 45
+probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-3}" 50
 profile gpt2_8_base "" gpt2 8 prefill
 profile gpt2_8_panels XSERV_CPU_CONV1D=panels gpt2 8 prefill
 for v in $Q2_PROFILES; do
@@ -84,8 +85,8 @@ for n in 2 8; do
   [ "$(left)" -gt 8 ] && timeout 15 taskset -c "0-$((n - 1))" "$B/bench/stream_read_bench" --threads "$n" --mb 1024 \
     --repeat 4 --prefetch both:32 2>&1 | tee -a "$OUT/stream.txt"
 done
-probe g2 "$(rows gpt2:2 "$G2")" "${G2_RUNS:-2}" 30
-probe q2 "$(rows qwen3-0.6b:2 "$Q2")" "${Q2_RUNS:-2}" 25
+probe g2 "$(rows gpt2:2 "$G2")" "${G2_RUNS:-2}" 24
+probe q2 "$(rows qwen3-0.6b:2 "$Q2")" "${Q2_RUNS:-2}" 24
 stamp "plan done"
 (cd "$OUT" && tar czf raw.tgz probe_* 2>/dev/null && rm -rf probe_*)
 echo; cat "$OUT/summary.md"; echo; cat "$OUT/stream.txt" 2>/dev/null; cat "$OUT/profiles.md" 2>/dev/null
