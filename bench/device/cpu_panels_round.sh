@@ -5,7 +5,8 @@
 # streaming ceiling. A CPU-only build, the [cpu] and [golden] tests, then (each block cut to
 # what BUDGET has left, the most wanted first):
 #   1. the GEMMs alone (cpu_ops_bench, M = 128, GPT-2's f32 shapes out_in and as panels) at 1 and
-#      8 threads, and one core's FMA peak;
+#      8 threads, one core's FMA peak, and the prefill attention alone at 8 threads with and
+#      without XSERV_CPU_ATTN_SPLIT=claimed;
 #   2. GPT-2 at 8 threads, prompt 128 then 32 generated, the variants of G8 interleaved
 #      (bench/cpu_prefill_probe.sh rows, pinned to cores 0-7, G8_RUNS runs each);
 #   3. per-op prefill profiles of GPT-2 at 8 threads, out_in and panels;
@@ -18,9 +19,10 @@ B=${B:-/tmp/b}
 BUDGET=${BUDGET:-163}
 left() { echo $((BUDGET - ($(date +%s) - t0))); }
 G8=${G8:-"base panels:XSERV_CPU_CONV1D=panels panels_pf_off:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_PREFETCH=off
-  panels_t32x2:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_TILE=32x2"}
+  panels_t32x2:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_TILE=32x2
+  panels_attn:XSERV_CPU_CONV1D=panels,XSERV_CPU_ATTN_SPLIT=claimed"}
 G2=${G2:-"base panels:XSERV_CPU_CONV1D=panels"}
-Q2=${Q2:-"base attn_pf2:XSERV_CPU_ATTN_PREFETCH=2"}
+Q2=${Q2:-base}
 Q2_PROFILES=${Q2_PROFILES:-base}
 [ -n "${SKIP_BUILD:-}" ] || { cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXSERV_CUDA=OFF \
   -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
@@ -29,6 +31,10 @@ Q2_PROFILES=${Q2_PROFILES:-base}
 stamp built
 timeout 40 "$B/tests/xserv_tests" "[cpu],[golden]" >"$OUT/tests.log" 2>&1
 echo "tests [cpu],[golden]: rc=$? $(tail -2 "$OUT/tests.log" | tr '\n' ' ')" | tee "$OUT/summary.md"
+# The switches read once per process: the tests they change, again with them on.
+XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_CONV1D=panels timeout 20 "$B/tests/xserv_tests" \
+  "cpu paged attention*,cpu prefill then decode*,[golden]" >"$OUT/tests_on.log" 2>&1
+echo "tests with XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_CONV1D=panels: rc=$? $(tail -2 "$OUT/tests_on.log" | tr '\n' ' ')" | tee -a "$OUT/summary.md"
 stamp tested
 { echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "flags: $(grep -o -w 'avx512f\|avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"; } |
@@ -42,6 +48,11 @@ for n in 1 8; do
     --benchmark_filter='BM_gemm/(5|6|7|8|13|14|15|16)/128/0/0' --benchmark_min_time=0.15 >"$OUT/gemm_$n.txt" 2>&1
   echo "GEMM GFLOP/s, M = 128, $n threads: $(awk '/^BM_gemm/ { for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) {
     v = substr($i, 9); sub(/\/s/, "", v); l = $(NF - 3); printf "%s %s, ", l, v } }' "$OUT/gemm_$n.txt")" | tee -a "$OUT/summary.md"
+done
+for v in rr claimed; do
+  XSERV_CPU_ATTN_SPLIT=$v XSERV_BENCH_THREADS=8 timeout 15 taskset -c 0-7 "$B/bench/cpu_ops_bench" \
+    --benchmark_filter='BM_attention_prefill' --benchmark_min_time=0.15 >"$OUT/attn_$v.txt" 2>&1
+  echo "prefill attention alone, 8 threads, XSERV_CPU_ATTN_SPLIT=$v (us, 128 / 512 rows): $(awk '/^BM_attention_prefill/ { printf "%s ", $2 }' "$OUT/attn_$v.txt")" | tee -a "$OUT/summary.md"
 done
 stamp gemms
 
@@ -75,7 +86,7 @@ profile() {  # $1 label, $2 env (VAR=v,...), $3 model, $4 threads, $5 which: pre
 }
 
 # 2-5.
-probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-3}" 50
+probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-3}" 58
 profile gpt2_8_base "" gpt2 8 prefill
 profile gpt2_8_panels XSERV_CPU_CONV1D=panels gpt2 8 prefill
 for v in $Q2_PROFILES; do
