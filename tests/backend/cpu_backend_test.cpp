@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 
@@ -572,6 +573,13 @@ TEST_CASE("cpu prefill GEMM split: whole tiles of 32 to 128 columns, row blocks 
   // GPT-2's 768-wide GEMMs of a 128-token prompt at 8 threads: 3 tiles of 32 per thread.
   const cpu::GemmSplit g = cpu::split_gemm(128, 768, 8);
   REQUIRE((g.tile_n == 32 && g.row_blocks == 1));
+  // Panels multiplied in place: one panel per task, row blocks where tiles do not share out.
+  for (const auto& [m, n, threads, rb] : {std::array<std::int64_t, 4>{128, 768, 8, 1},
+                                          {128, 2304, 8, 1}, {128, 768, 2, 1}, {128, 768, 16, 2}}) {
+    const cpu::GemmSplit p = cpu::split_gemm(m, n, threads, false);
+    INFO("panels, threads " << threads << " n " << n);
+    REQUIRE((p.tile_n == 32 && p.row_blocks == rb));
+  }
 }
 
 TEST_CASE("cpu gemm rejects mismatched shapes and dtypes", "[cpu]") {

@@ -325,14 +325,16 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
 // fewer than 4 per thread (a descheduled thread then holds up less).
 // GPT-2's N = 768 at 8 threads, M = 128: 24 tiles of 32 (3 per thread); the old rule (4 tasks per
 // thread by narrowing to 32, then halving rows) gave 48 tasks that packed every weight twice.
-// f32 panel32 weights are not packed (packs false): a row block then costs no packing, and the
-// least-cost split with the most tasks (up to 4 per thread) leaves the shortest tail.
+// f32 panel32 weights are multiplied in place (packs false): tiles of one panel, 32 columns, so
+// a task reads one contiguous stream of weights whose K tile stays in L1/L2 over its row steps
+// (on the dev EPYC, 2 threads, 128-column tiles of panels ran GPT-2's prefill GEMMs 10-60%
+// slower than 32-column ones); a task's first K tile from DRAM costs about 8 rows of compute.
 GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads, bool packs) {
   constexpr std::int64_t min_rows = 48;
-  const std::int64_t pack_rows = packs ? 32 : 0;
+  const std::int64_t pack_rows = packs ? 32 : 8, widest = packs ? 128 : 32;
   GemmSplit best;
   std::int64_t best_cost = -1, best_tasks = 0;
-  for (std::int64_t tile_n = 128; tile_n >= 32; tile_n -= 32) {
+  for (std::int64_t tile_n = widest; tile_n >= 32; tile_n -= 32) {
     for (std::int64_t rb = 1; rb == 1 || m / rb >= min_rows; rb *= 2) {
       const std::int64_t tasks = (n + tile_n - 1) / tile_n * rb;
       const std::int64_t rounds = (tasks + threads - 1) / threads;
