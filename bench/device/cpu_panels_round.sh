@@ -11,7 +11,7 @@
 #      (bench/cpu_prefill_probe.sh rows, pinned to cores 0-7, G8_RUNS runs each);
 #   3. per-op prefill profiles of GPT-2 at 8 threads, out_in and panels;
 #   4. Qwen3-0.6B at 2 threads: a decode profile per variant of Q2_PROFILES, the 2- and 8-core
-#      streaming ceilings;
+#      streaming ceilings, and the 2-core one under other prefetch distances (SWEEP2);
 #   5. GPT-2 at 2 threads (G2), Qwen3-0.6B at 2 threads (Q2) rows.
 #   OUT=... bash bench/device/cpu_panels_round.sh        (from the repository root)
 source bench/device/cpu_round_common.sh
@@ -92,9 +92,12 @@ profile gpt2_8_panels XSERV_CPU_CONV1D=panels gpt2 8 prefill
 for v in $Q2_PROFILES; do
   case $v in *:*) profile "q06_2_${v%%:*}" "${v#*:}" qwen3-0.6b 2 decode ;; *) profile "q06_2_$v" "" qwen3-0.6b 2 decode ;; esac
 done
-for n in 2 8; do
+# The streaming ceilings (the GEMVs' prefetch, both:32), then other prefetch distances on 2 cores
+# (SWEEP2): whether another one would read faster at 2 threads.
+for n_pf in 2:both:32 8:both:32 ${SWEEP2:-2:both:16 2:both:24 2:both:48 2:l2:16}; do
+  n=${n_pf%%:*}
   [ "$(left)" -gt 8 ] && timeout 15 taskset -c "0-$((n - 1))" "$B/bench/stream_read_bench" --threads "$n" --mb 1024 \
-    --repeat 4 --prefetch both:32 2>&1 | tee -a "$OUT/stream.txt"
+    --repeat 4 --prefetch "${n_pf#*:}" 2>&1 | tee -a "$OUT/stream.txt"
 done
 probe g2 "$(rows gpt2:2 "$G2")" "${G2_RUNS:-2}" 24
 probe q2 "$(rows qwen3-0.6b:2 "$Q2")" "${Q2_RUNS:-2}" 24
