@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
 # Issue 16 on the GPU machine's Xeon, one round request (scripts/device_round.sh), <= 170 s:
-# GPT-2's f32 Conv1D weights in 32-column panels (XSERV_CPU_CONV1D=panels, WeightLayout::panel32)
-# against the default (out_in), and Qwen3-0.6B's 2-thread bf16 decode against the 2-core
-# streaming ceiling. A CPU-only build, the [cpu] and [golden] tests, then (each block cut to
-# what BUDGET has left, the most wanted first):
-#   1. the GEMMs alone (cpu_ops_bench, M = 128, GPT-2's f32 shapes out_in and as panels) at 1 and
-#      8 threads, one core's FMA peak, and the prefill attention alone at 8 threads with and
+# GPT-2's f32 Conv1D weights in 32-column panels (WeightLayout::panel32, the default) against
+# transposed ones (XSERV_CPU_CONV1D=out_in, the rule before), and Qwen3-0.6B's 2-thread bf16
+# decode. A CPU-only build, the [cpu] and [golden] tests (again with the switches under test),
+# then, each block cut to what BUDGET has left, the most wanted first:
+#   1. the GEMMs alone (cpu_ops_bench, M = 128, GPT-2's f32 shapes transposed and as panels) at 1
+#      and 8 threads, one core's FMA peak, the prefill attention alone at 8 threads with and
 #      without XSERV_CPU_ATTN_SPLIT=claimed;
 #   2. GPT-2 at 8 threads, prompt 128 then 32 generated, the variants of G8 interleaved
 #      (bench/cpu_prefill_probe.sh rows, pinned to cores 0-7, G8_RUNS runs each);
-#   3. per-op prefill profiles of GPT-2 at 8 threads, out_in and panels;
-#   4. Qwen3-0.6B at 2 threads: a decode profile per variant of Q2_PROFILES, the 2- and 8-core
-#      streaming ceilings, and the 2-core one under other prefetch distances (SWEEP2);
-#   5. GPT-2 at 2 threads (G2), Qwen3-0.6B at 2 threads (Q2) rows.
+#   3. the streaming ceilings of 2, 8 and 16 cores (stream_read_bench, the GEMVs' both:32) and
+#      of 2 cores under the prefetch distances of SWEEP2;
+#   4. GPT-2 at 16 (G16) and 2 (G2) threads, the same way;
+#   5. per-op prefill profiles of GPT-2 at 8 threads (PROFILES8, alternating);
+#   6. Qwen3-0.6B at 2 threads (Q2), and decode profiles of Q2_PROFILES.
+# Issue 16's table rows from them: docs/benchmarks.md ("GPT-2's Conv1D weights in 32-column
+# panels"). Round 1 of 2026-12-04 ran it with G8="base panels:XSERV_CPU_CONV1D=panels
+# panels_pf_off:...,XSERV_CPU_GEMM_PREFETCH=off panels_t32x2:...,XSERV_CPU_GEMM_TILE=32x2
+# panels_attn:...,XSERV_CPU_ATTN_SPLIT=claimed" when panels were opt-in.
 #   OUT=... bash bench/device/cpu_panels_round.sh        (from the repository root)
 source bench/device/cpu_round_common.sh
 B=${B:-/tmp/b}
 BUDGET=${BUDGET:-163}
 left() { echo $((BUDGET - ($(date +%s) - t0))); }
-G8=${G8:-"base panels:XSERV_CPU_CONV1D=panels panels_pf_off:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_PREFETCH=off
-  panels_t32x2:XSERV_CPU_CONV1D=panels,XSERV_CPU_GEMM_TILE=32x2
-  panels_attn:XSERV_CPU_CONV1D=panels,XSERV_CPU_ATTN_SPLIT=claimed"}
-G2=${G2:-"base panels:XSERV_CPU_CONV1D=panels"}
-Q2=${Q2:-base}
-Q2_PROFILES=${Q2_PROFILES:-base}
+OLD=XSERV_CPU_CONV1D=out_in
+G8=${G8:-"base out_in:$OLD attn:XSERV_CPU_ATTN_SPLIT=claimed kc128:XSERV_CPU_GEMM_KC=128 first:XSERV_CPU_GEMM_FIRST=l2"}
+G16=${G16:-"base out_in:$OLD"}
+G2=${G2:-"base out_in:$OLD"}
+Q2=${Q2:-"base seq0:XSERV_CPU_GEMV_SEQ=0,XSERV_CPU_GEMV_HEAD=0"}
+Q2_PROFILES=${Q2_PROFILES:-}
+PROFILES8=${PROFILES8:-"base out_in:$OLD"}
 [ -n "${SKIP_BUILD:-}" ] || { cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXSERV_CUDA=OFF \
   -DXSERV_BUILD_TESTS=ON -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$B" -j16 --target xserv_tests generate_bench stream_read_bench cpu_ops_bench \
@@ -32,9 +38,9 @@ stamp built
 timeout 40 "$B/tests/xserv_tests" "[cpu],[golden]" >"$OUT/tests.log" 2>&1
 echo "tests [cpu],[golden]: rc=$? $(tail -2 "$OUT/tests.log" | tr '\n' ' ')" | tee "$OUT/summary.md"
 # The switches read once per process: the tests they change, again with them on.
-XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_CONV1D=panels timeout 20 "$B/tests/xserv_tests" \
-  "cpu paged attention*,cpu prefill then decode*,[golden]" >"$OUT/tests_on.log" 2>&1
-echo "tests with XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_CONV1D=panels: rc=$? $(tail -2 "$OUT/tests_on.log" | tr '\n' ' ')" | tee -a "$OUT/summary.md"
+XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_GEMM_KC=128 XSERV_CPU_GEMM_FIRST=l2 timeout 20 "$B/tests/xserv_tests" \
+  "cpu paged attention*,cpu prefill then decode*,cpu gemm*,[golden]" >"$OUT/tests_on.log" 2>&1
+echo "tests with XSERV_CPU_ATTN_SPLIT=claimed XSERV_CPU_GEMM_KC=128 XSERV_CPU_GEMM_FIRST=l2: rc=$? $(tail -2 "$OUT/tests_on.log" | tr '\n' ' ')" | tee -a "$OUT/summary.md"
 stamp tested
 { echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "flags: $(grep -o -w 'avx512f\|avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"; } |
@@ -85,22 +91,25 @@ profile() {  # $1 label, $2 env (VAR=v,...), $3 model, $4 threads, $5 which: pre
   stamp "profile $1"
 }
 
-# 2-5.
-probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-3}" 58
-profile gpt2_8_base "" gpt2 8 prefill
-profile gpt2_8_panels XSERV_CPU_CONV1D=panels gpt2 8 prefill
-for v in $Q2_PROFILES; do
-  case $v in *:*) profile "q06_2_${v%%:*}" "${v#*:}" qwen3-0.6b 2 decode ;; *) profile "q06_2_$v" "" qwen3-0.6b 2 decode ;; esac
-done
-# The streaming ceilings (the GEMVs' prefetch, both:32), then other prefetch distances on 2 cores
-# (SWEEP2): whether another one would read faster at 2 threads.
-for n_pf in 2:both:32 8:both:32 ${SWEEP2:-2:both:16 2:both:24 2:both:48 2:l2:16}; do
+# 2-6.
+probe g8 "$(rows gpt2:8 "$G8")" "${G8_RUNS:-5}" 40
+# The streaming ceilings (the GEMVs' prefetch, both:32), then other prefetch distances on 2 cores.
+for n_pf in 2:both:32 8:both:32 16:both:32 ${SWEEP2:-}; do
   n=${n_pf%%:*}
   [ "$(left)" -gt 8 ] && timeout 15 taskset -c "0-$((n - 1))" "$B/bench/stream_read_bench" --threads "$n" --mb 1024 \
     --repeat 4 --prefetch "${n_pf#*:}" 2>&1 | tee -a "$OUT/stream.txt"
 done
-probe g2 "$(rows gpt2:2 "$G2")" "${G2_RUNS:-2}" 24
-probe q2 "$(rows qwen3-0.6b:2 "$Q2")" "${Q2_RUNS:-2}" 24
+probe g16 "$(rows gpt2:16 "$G16")" "${G16_RUNS:-4}" 15
+probe g2 "$(rows gpt2:2 "$G2")" "${G2_RUNS:-3}" 35
+for v in $PROFILES8 $PROFILES8; do
+  case $v in *:*) l=${v%%:*} e=${v#*:} ;; *) l=$v e="" ;; esac
+  [ -f "$OUT/profile_gpt2_8_$l.txt" ] && l=${l}_2
+  profile "gpt2_8_$l" "$e" gpt2 8 prefill
+done
+probe q2 "$(rows qwen3-0.6b:2 "$Q2")" "${Q2_RUNS:-2}" 25
+for v in $Q2_PROFILES; do
+  case $v in *:*) profile "q06_2_${v%%:*}" "${v#*:}" qwen3-0.6b 2 decode ;; *) profile "q06_2_$v" "" qwen3-0.6b 2 decode ;; esac
+done
 stamp "plan done"
 (cd "$OUT" && tar czf raw.tgz probe_* 2>/dev/null && rm -rf probe_*)
 echo; cat "$OUT/summary.md"; echo; cat "$OUT/stream.txt" 2>/dev/null; cat "$OUT/profiles.md" 2>/dev/null

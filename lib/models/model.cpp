@@ -188,18 +188,23 @@ void Model::set_limits(const ModelOptions& options) {
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {
-  // Transposed by default. CPU: on the GPU machine's Xeon (3 runs each, medians) GPT-2 124M f32
-  // decodes 4-31% faster at 2-16 threads and prefills 2-11% faster (docs/benchmarks.md, issue
-  // 16, sixth session). CUDA: the one-row GEMV of [in, out] weights splits K over blocks and
-  // merges partial sums, which streamed GPT-2's 2-9 MB weights at ~0.8 TB/s; the [out, in] GEMV
+  // CPU: 32-column panels by default (WeightLayout::panel32; a model falls back to out_in for
+  // weights that do not fit them): the prefill GEMM multiplies them in place instead of packing a
+  // tile per task. GPT-2 124M f32 on the GPU machine's Xeon at 8 threads (docs/benchmarks.md,
+  // issue 16, 2026-12-04; 3 interleaved runs, medians): prefill 3709 tok/s against 3270
+  // transposed, decode 206.1 against 195.1; the GEMMs alone 4-13% faster at 8 threads.
+  // XSERV_CPU_CONV1D=out_in transposes them as before. Transposed over as stored: on the
+  // Xeon (3 runs each, medians) GPT-2 124M f32 decodes 4-31% faster at 2-16 threads and
+  // prefills 2-11% faster (docs/benchmarks.md, issue 16, sixth session). CUDA: transposed; the
+  // one-row GEMV of [in, out] weights splits K over blocks and merges partial sums, which streamed GPT-2's 2-9 MB weights at ~0.8 TB/s; the [out, in] GEMV
   // with its LayerNorm prologue and GELU epilogue is the Qwen3 kernel (docs/benchmarks.md,
   // "GPT-2 decode with transposed Conv1D weights"). XSERV_CPU_CONV1D=in_out /
   // XSERV_CUDA_CONV1D=in_out keep them as stored.
   const bool cpu = backend_.device().kind == DeviceKind::cpu;
   const char* v = std::getenv(cpu ? "XSERV_CPU_CONV1D" : "XSERV_CUDA_CONV1D");
   const std::string_view s(v ? v : "");
-  if (cpu && s == "panels") return WeightLayout::panel32;
-  return s == "in_out" ? WeightLayout::in_out : WeightLayout::out_in;
+  if (s == "in_out") return WeightLayout::in_out;
+  return cpu && s != "out_in" ? WeightLayout::panel32 : WeightLayout::out_in;
 }
 
 Tensor Model::pack_panels(const Tensor& w) {
