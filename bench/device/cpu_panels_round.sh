@@ -4,9 +4,9 @@
 # transposed ones (XSERV_CPU_CONV1D=out_in, the rule before), and Qwen3-0.6B's 2-thread bf16
 # decode. A CPU-only build, the [cpu] and [golden] tests (again with the switches under test),
 # then, each block cut to what BUDGET has left, the most wanted first:
-#   1. the GEMMs alone (cpu_ops_bench, M = 128, GPT-2's f32 shapes transposed and as panels) at 1
-#      and 8 threads, one core's FMA peak, the prefill attention alone at 8 threads with and
-#      without XSERV_CPU_ATTN_SPLIT=claimed;
+#   1. the GEMMs alone (cpu_ops_bench, M = 128, GPT-2's f32 shapes transposed and as panels) at
+#      1, 2, 4 and 8 threads (GEMM_THREADS), one core's FMA peak alone and with 8 cores running it,
+#      the prefill attention alone at 8 threads with and without XSERV_CPU_ATTN_SPLIT=claimed;
 #   2. GPT-2 at 8 threads, prompt 128 then 32 generated, the variants of G8 interleaved
 #      (bench/cpu_prefill_probe.sh rows, pinned to cores 0-7, G8_RUNS runs each);
 #   3. the streaming ceilings of 2, 8 and 16 cores (stream_read_bench, the GEMVs' both:32) and
@@ -49,7 +49,14 @@ stamp tested
 # 1. The GEMMs alone: GFLOP/s per shape (5-8 out_in, 13-16 panel32: qkv, attn_out, mlp_up, mlp_down).
 taskset -c 0 "$B/bench/cpu_ops_bench" --benchmark_filter=BM_fma_peak --benchmark_min_time=0.2 >"$OUT/fma_peak.txt" 2>&1
 echo "one core's FMA peak: $(grep -o 'GFLOP/s=[0-9.]*' "$OUT/fma_peak.txt" | head -1)" | tee -a "$OUT/summary.md"
-for n in 1 8; do
+# The same FMA loop on 8 cores at once (one process each): whether the clock holds.
+for c in 0 1 2 3 4 5 6 7; do
+  taskset -c "$c" "$B/bench/cpu_ops_bench" --benchmark_filter=BM_fma_peak --benchmark_min_time=0.3 >"$OUT/fma_peak_8_$c.txt" 2>&1 &
+done
+wait
+echo "FMA peak per core with 8 cores busy: $(cat "$OUT"/fma_peak_8_*.txt | grep -o 'GFLOP/s=[0-9.]*' | cut -d= -f2 | sort -g | tr '\n' ' ')" |
+  tee -a "$OUT/summary.md"
+for n in ${GEMM_THREADS:-1 2 4 8}; do
   XSERV_BENCH_THREADS=$n timeout 30 taskset -c "0-$((n - 1))" "$B/bench/cpu_ops_bench" \
     --benchmark_filter='BM_gemm/(5|6|7|8|13|14|15|16)/128/0/0' --benchmark_min_time=0.15 >"$OUT/gemm_$n.txt" 2>&1
   echo "GEMM GFLOP/s, M = 128, $n threads: $(awk '/^BM_gemm/ { for (i = 2; i <= NF; ++i) if ($i ~ /^GFLOP\/s=/) {
