@@ -54,8 +54,13 @@ constexpr Shape3 kShapes[] = {{"qkv", 768, 2304, WeightLayout::in_out},
                               {"q3_qkv", 1024, 4096, WeightLayout::out_in},
                               {"q3_gate_up", 1024, 6144, WeightLayout::out_in},
                               {"q3_down", 3072, 1024, WeightLayout::out_in},
-                              {"q3_lm_head", 1024, 151936, WeightLayout::out_in}};
-constexpr int kGpt2Shapes = 9, kShapeCount = 13;
+                              {"q3_lm_head", 1024, 151936, WeightLayout::out_in},
+                              // GPT-2's Conv1D weights in 32-column panels (XSERV_CPU_CONV1D=panels).
+                              {"qkv_p", 768, 2304, WeightLayout::panel32},
+                              {"attn_out_p", 768, 768, WeightLayout::panel32},
+                              {"mlp_up_p", 768, 3072, WeightLayout::panel32},
+                              {"mlp_down_p", 3072, 768, WeightLayout::panel32}};
+constexpr int kGpt2Shapes = 9, kQwen3End = 13, kShapeCount = 17;
 
 // args: shape index, M, dtype (0 f32, 1 bf16, 2 f16), use BLAS (f32 only)
 void BM_gemm(benchmark::State& state) {
@@ -112,9 +117,11 @@ void gemm_args(benchmark::internal::Benchmark* b) {
       b->Args({shape, m, 1, 0});
       if (m == 1) b->Args({shape, m, 2, 0});  // f16 (the embedded model's weights)
     }
-  for (int shape = kGpt2Shapes; shape < kShapeCount; ++shape)  // Qwen3: bf16
+  for (int shape = kGpt2Shapes; shape < kQwen3End; ++shape)  // Qwen3: bf16
     for (int m : {1, 128})
-      if (shape != kShapeCount - 1 || m == 1) b->Args({shape, m, 1, 0});
+      if (shape != kQwen3End - 1 || m == 1) b->Args({shape, m, 1, 0});
+  for (int shape = kQwen3End; shape < kShapeCount; ++shape)  // panels: f32, xserv's kernels
+    for (int m : {1, 4, 128, 512}) b->Args({shape, m, 0, 0});
 }
 BENCHMARK(BM_gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 

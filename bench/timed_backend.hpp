@@ -83,8 +83,10 @@ class TimedBackend final : public Backend {
   }
   void gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
             float beta, std::int64_t out_row_stride) override {
-    const std::string key = fmt::format("gemm {} M={} {} {}", layout == WeightLayout::out_in ? "out_in" : "in_out",
-                                        a.shape[0], w.shape, dtype_name(w.dtype));
+    const char* l = layout == WeightLayout::out_in    ? "out_in"
+                    : layout == WeightLayout::panel32 ? "panel32"
+                                                      : "in_out";
+    const std::string key = fmt::format("gemm {} M={} {} {}", l, a.shape[0], w.shape, dtype_name(w.dtype));
     time(key, [&] { inner_->gemm(out, a, w, layout, bias, beta, out_row_stride); });
   }
   void gemm_parts(Tensor out, const Tensor& a, std::span<const Tensor> ws,

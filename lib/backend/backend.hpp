@@ -30,7 +30,14 @@ namespace xserv {
 enum class WeightLayout : std::uint8_t {
   in_out,  // [K, N]: GPT-2 Conv1D
   out_in,  // [N, K]: torch.nn.Linear (Qwen3)
+  // [N / 32][K][32]: 32-column panels, each K runs of 32 contiguous weights (the tensor's shape
+  // is [K, N] as in_out, N a multiple of 32). The CPU backend's own form of GPT-2's f32 Conv1D
+  // weights, packed once at load (Model::conv1d_layout; XSERV_CPU_CONV1D=out_in|in_out not): a prefill GEMM
+  // multiplies the panels in place instead of packing a tile per task, and a decode GEMV streams
+  // each thread's columns as one contiguous run. Other backends never see it.
+  panel32,
 };
+inline constexpr std::int64_t weight_panel_width = 32;
 
 // One layer's slice of the paged KV cache: k and v are [num_blocks, block_size, n_kv_heads,
 // head_dim] in activation_dtype(). Slot s is block s / block_size, offset s % block_size.

@@ -51,9 +51,18 @@ class Gpt2 final : public Model {
     m->weight_bytes_ = weights.load(options.on_progress);
     m->weight_dtype_ = m->wte.dtype;
     m->conv = m->conv1d_layout();
-    if (m->conv == WeightLayout::out_in)
+    if (m->conv == WeightLayout::panel32) {
+      // The panels hold whole 32-column runs of f32 weights (the GEMM multiplies them in place).
+      bool fits = true;
+      for (const Layer& l : m->layers)
+        for (const Tensor* w : {&l.attn_w, &l.proj_w, &l.fc_w, &l.fc_proj_w})
+          fits = fits && w->dtype == DType::f32 && w->shape[1] % weight_panel_width == 0;
+      if (!fits) m->conv = WeightLayout::out_in;
+    }
+    if (m->conv != WeightLayout::in_out)
       for (Layer& l : m->layers)
-        for (Tensor* w : {&l.attn_w, &l.proj_w, &l.fc_w, &l.fc_proj_w}) *w = m->transpose_in_out(*w);
+        for (Tensor* w : {&l.attn_w, &l.proj_w, &l.fc_w, &l.fc_proj_w})
+          *w = m->conv == WeightLayout::panel32 ? m->pack_panels(*w) : m->transpose_in_out(*w);
     m->plan();
     return m;
   }

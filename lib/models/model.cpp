@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "core/error.hpp"
@@ -187,16 +188,40 @@ void Model::set_limits(const ModelOptions& options) {
 }
 
 WeightLayout Model::conv1d_layout() const noexcept {
-  // Transposed by default. CPU: on the GPU machine's Xeon (3 runs each, medians) GPT-2 124M f32
-  // decodes 4-31% faster at 2-16 threads and prefills 2-11% faster (docs/benchmarks.md, issue
-  // 16, sixth session). CUDA: the one-row GEMV of [in, out] weights splits K over blocks and
-  // merges partial sums, which streamed GPT-2's 2-9 MB weights at ~0.8 TB/s; the [out, in] GEMV
+  // CPU: 32-column panels by default (WeightLayout::panel32; a model falls back to out_in for
+  // weights that do not fit them): the prefill GEMM multiplies them in place instead of packing a
+  // tile per task. GPT-2 124M f32 on the GPU machine's Xeon at 8 threads (docs/benchmarks.md,
+  // issue 16, 2026-12-04; 3 interleaved runs, medians): prefill 3709 tok/s against 3270
+  // transposed, decode 206.1 against 195.1; the GEMMs alone 4-13% faster at 8 threads.
+  // XSERV_CPU_CONV1D=out_in transposes them as before. Transposed over as stored: on the
+  // Xeon (3 runs each, medians) GPT-2 124M f32 decodes 4-31% faster at 2-16 threads and
+  // prefills 2-11% faster (docs/benchmarks.md, issue 16, sixth session). CUDA: transposed; the
+  // one-row GEMV of [in, out] weights splits K over blocks and merges partial sums, which streamed GPT-2's 2-9 MB weights at ~0.8 TB/s; the [out, in] GEMV
   // with its LayerNorm prologue and GELU epilogue is the Qwen3 kernel (docs/benchmarks.md,
   // "GPT-2 decode with transposed Conv1D weights"). XSERV_CPU_CONV1D=in_out /
   // XSERV_CUDA_CONV1D=in_out keep them as stored.
   const bool cpu = backend_.device().kind == DeviceKind::cpu;
   const char* v = std::getenv(cpu ? "XSERV_CPU_CONV1D" : "XSERV_CUDA_CONV1D");
-  return v && std::string_view(v) == "in_out" ? WeightLayout::in_out : WeightLayout::out_in;
+  const std::string_view s(v ? v : "");
+  if (s == "in_out") return WeightLayout::in_out;
+  return cpu && s != "out_in" ? WeightLayout::panel32 : WeightLayout::out_in;
+}
+
+Tensor Model::pack_panels(const Tensor& w) {
+  constexpr std::int64_t pw = weight_panel_width;
+  XSERV_CHECK(w.shape.rank() == 2 && w.shape[1] % pw == 0 && w.device.kind == DeviceKind::cpu,
+              ErrorCode::internal, "pack_panels: a 2-D CPU weight with N a multiple of {}, not {}", pw, w.shape);
+  const std::int64_t k = w.shape[0], n = w.shape[1];
+  const auto es = static_cast<std::int64_t>(dtype_size(w.dtype));
+  Buffer& b = weight_buffers_.emplace_back(backend_.allocator(), w.bytes());
+  const auto* src = static_cast<const char*>(w.data);
+  auto* dst = static_cast<char*>(b.data());
+  // Panel p holds columns [32p, 32p + 32) of every row k, one run of 32 weights per k.
+  for (std::int64_t p = 0; p < n / pw; ++p)
+    for (std::int64_t r = 0; r < k; ++r)
+      std::memcpy(dst + (p * k + r) * pw * es, src + (r * n + p * pw) * es,
+                  static_cast<std::size_t>(pw * es));
+  return Tensor(b.data(), w.dtype, w.shape, w.device);
 }
 
 Tensor Model::transpose_in_out(const Tensor& w) {

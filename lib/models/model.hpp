@@ -109,17 +109,22 @@ class Model {
   // Checks the sizes, sets max_batch_tokens_ / max_logit_rows_ from the options, and the
   // tensor-parallel shard_ and communicator from options.communicator.
   void set_limits(const ModelOptions& options);
-  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in: out_in,
-  // transposed once at load (transpose_in_out). CPU: each decode GEMV thread streams one
-  // contiguous slice of out_in rows instead of K short strided runs, and the prefill GEMM packs
-  // tiles from runs of K contiguous weights (GPT-2 124M f32 on the GPU machine's Xeon: decode
-  // +4-31%, prefill +2-11% at 2-16 threads). CUDA: the decode GEMV is the out_in kernel with
-  // the LayerNorm fused in front of it instead of a K-split in_out kernel. As stored with
-  // XSERV_CPU_CONV1D=in_out / XSERV_CUDA_CONV1D=in_out.
+  // The layout a checkpoint's in_out ([K, N], GPT-2 Conv1D) weights are used in. CPU: the
+  // backend's 32-column panels (WeightLayout::panel32, packed once at load by pack_panels) for
+  // f32 weights whose widths are multiples of 32, else out_in: the prefill GEMM multiplies the
+  // panels in place and each decode GEMV thread streams one contiguous run (GPT-2 124M f32 on
+  // the GPU machine's Xeon at 8 threads: prefill +13%, decode +6% over out_in).
+  // XSERV_CPU_CONV1D=out_in: transposed once at load (transpose_in_out), the rule before.
+  // CUDA: out_in, the decode GEMV being the out_in kernel with the LayerNorm fused in front of
+  // it instead of a K-split in_out kernel. As stored with XSERV_CPU_CONV1D=in_out /
+  // XSERV_CUDA_CONV1D=in_out.
   WeightLayout conv1d_layout() const noexcept;
   // w [K, N] -> [N, K]: on the CPU a copy in host memory the model keeps (the weight is a view
   // of the mapping); on a device in place (through a scratch buffer).
   Tensor transpose_in_out(const Tensor& w);
+  // w [K, N] (in_out, N a multiple of 32, a CPU weight) -> the same weights as 32-column panels
+  // (WeightLayout::panel32), a host copy the model keeps.
+  Tensor pack_panels(const Tensor& w);
 
   // Row-parallel GEMMs write into the residual stream x with this beta: rank 0 adds its partial
   // result to x (beta 1), the others overwrite their x with theirs (beta 0), so that the sum

@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 
@@ -107,6 +108,90 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
       }
     }
   }
+}
+
+namespace {
+// w [K, N] (in_out) reordered into 32-column panels (WeightLayout::panel32), as
+// Model::pack_panels does at load.
+TypedWeight to_panels(const TypedWeight& w, std::int64_t k, std::int64_t n) {
+  constexpr std::int64_t pw = weight_panel_width;
+  TypedWeight out = w;
+  for (std::int64_t p = 0; p < n / pw; ++p)
+    for (std::int64_t r = 0; r < k; ++r)
+      for (std::int64_t j = 0; j < pw; ++j) {
+        const auto to = static_cast<std::size_t>((p * k + r) * pw + j);
+        const auto from = static_cast<std::size_t>(r * n + p * pw + j);
+        out.values[to] = w.values[from];
+        if (!w.half.empty()) out.half[to] = w.half[from];
+      }
+  return out;
+}
+}  // namespace
+
+// panel32 weights: the GEMV (1-8 rows, every row count's register blocking) and the prefill GEMM
+// (f32 panels multiplied in place, the other dtypes packed from them; K across several K tiles
+// and a short last one; every split of the columns over 3 threads) on every kernel table.
+TEST_CASE("cpu gemm over 32-column panel weights matches a naive reference", "[cpu]") {
+  std::mt19937 rng(5);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{1, 7, 32},   {1, 300, 160}, {2, 64, 64},  {3, 33, 96},  {4, 129, 32},
+                        {5, 40, 64},  {8, 130, 96},  {9, 77, 32},  {13, 256, 128}, {40, 600, 160},
+                        {128, 260, 320}, {3, 0, 32}};
+  for (auto& be : every_backend()) {
+    for (const auto& c : cases) {
+      for (DType wt : kWeightTypes) {
+        const bool with_bias = (c.m + c.k) % 2 == 0, strided = c.m % 3 == 1;
+        const float beta = c.k % 2 ? 1.0f : 0.0f;
+        INFO(be->name() << " m=" << c.m << " k=" << c.k << " n=" << c.n << " w=" << dtype_name(wt)
+                        << " beta=" << beta);
+        auto a = random_floats(rng, static_cast<std::size_t>(c.m * c.k));
+        const auto w = make_weight(rng, static_cast<std::size_t>(c.k * c.n), wt);
+        auto panels = to_panels(w, c.k, c.n);
+        auto bias = make_weight(rng, static_cast<std::size_t>(c.n), wt);
+        const std::int64_t ldo = strided ? c.n + 3 : c.n;
+        auto out = random_floats(rng, static_cast<std::size_t>(c.m * ldo));
+        if (beta == 0.0f) std::fill(out.begin(), out.end(), NAN);  // must be ignored
+        std::vector<double> want(out.size()), mag(out.size());
+        for (std::int64_t i = 0; i < c.m; ++i)
+          for (std::int64_t j = 0; j < c.n; ++j) {
+            double s = 0.0, s_abs = 0.0;
+            for (std::int64_t k = 0; k < c.k; ++k) {
+              const double v = a[static_cast<std::size_t>(i * c.k + k)] *
+                               static_cast<double>(w.values[static_cast<std::size_t>(k * c.n + j)]);
+              s += v;
+              s_abs += std::abs(v);
+            }
+            if (with_bias) s += bias.values[static_cast<std::size_t>(j)];
+            const auto o = static_cast<std::size_t>(i * ldo + j);
+            if (beta != 0.0f) s += beta * out[o];
+            want[o] = s;
+            mag[o] = s_abs + 1.0;
+          }
+        std::vector<float> got = out;
+        be->gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
+                 panels.tensor({c.k, c.n}), WeightLayout::panel32,
+                 with_bias ? bias.tensor({c.n}) : Tensor{}, beta, strided ? ldo : 0);
+        for (std::int64_t i = 0; i < c.m; ++i)
+          for (std::int64_t j = 0; j < ldo; ++j) {
+            const auto o = static_cast<std::size_t>(i * ldo + j);
+            if (j >= c.n) {  // columns past the slice are untouched
+              REQUIRE(std::isnan(got[o]) == std::isnan(out[o]));
+              continue;
+            }
+            INFO("row " << i << " col " << j << " got " << got[o] << " want " << want[o]);
+            REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
+          }
+      }
+    }
+  }
+  // N must be whole panels.
+  CpuBackend be(BackendOptions{1, 0});
+  std::vector<float> a(4), w(2 * 40), o(2 * 40);
+  REQUIRE_THROWS_AS(be.gemm(view(o, {2, 40}), view(a, {2, 2}), view(w, {2, 40}),
+                            WeightLayout::panel32, Tensor{}),
+                    Error);
 }
 
 // The prefill GEMM's tile loop with each K tile depth and prefetch (GemmProblem's kc,
@@ -488,6 +573,13 @@ TEST_CASE("cpu prefill GEMM split: whole tiles of 32 to 128 columns, row blocks 
   // GPT-2's 768-wide GEMMs of a 128-token prompt at 8 threads: 3 tiles of 32 per thread.
   const cpu::GemmSplit g = cpu::split_gemm(128, 768, 8);
   REQUIRE((g.tile_n == 32 && g.row_blocks == 1));
+  // Panels multiplied in place: one panel per task, row blocks where tiles do not share out.
+  for (const auto& [m, n, threads, rb] : {std::array<std::int64_t, 4>{128, 768, 8, 1},
+                                          {128, 2304, 8, 1}, {128, 768, 2, 1}, {128, 768, 16, 2}}) {
+    const cpu::GemmSplit p = cpu::split_gemm(m, n, threads, false);
+    INFO("panels, threads " << threads << " n " << n);
+    REQUIRE((p.tile_n == 32 && p.row_blocks == rb));
+  }
 }
 
 TEST_CASE("cpu gemm rejects mismatched shapes and dtypes", "[cpu]") {

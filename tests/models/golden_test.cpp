@@ -120,11 +120,20 @@ TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golde
                XSERV_TEST_DATA_DIR "/models/shakespeare");
 }
 
+TEST_CASE("GPT-2 with its Conv1D weights transposed instead of in panels matches transformers",
+          "[models][golden]") {
+  // XSERV_CPU_CONV1D=out_in (Model::conv1d_layout; f32 GPT-2 weights are in 32-column panels by
+  // default): the out_in GEMV and the packed GEMM over transposed weights.
+  const test::ScopedEnv env("XSERV_CPU_CONV1D", "out_in");
+  const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
+  check_golden(d, d);
+}
+
 TEST_CASE("GPT-2 with its Conv1D weights as stored still matches transformers",
           "[models][golden]") {
-  // XSERV_CPU_CONV1D=in_out (Model::conv1d_layout; the CPU backend transposes them at load by
-  // default): the in_out GEMV and GEMM packing read the checkpoint's own layout; the tolerance
-  // is the golden one.
+  // XSERV_CPU_CONV1D=in_out (Model::conv1d_layout; the CPU backend packs them into panels at
+  // load by default): the in_out GEMV and GEMM packing read the checkpoint's own layout; the
+  // tolerance is the golden one.
   const test::ScopedEnv env("XSERV_CPU_CONV1D", "in_out");
   const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-gpt2";
   check_golden(d, d);

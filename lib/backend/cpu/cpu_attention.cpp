@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
+#include <string_view>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -54,6 +56,18 @@ std::int32_t attention_prefetch_blocks() {
     return v ? std::clamp(std::atoi(v), 0, 64) : 1;
   }();
   return blocks;
+}
+
+// XSERV_CPU_ATTN_SPLIT=claimed (read once; measurement): a prefill's (several row blocks')
+// attention tasks claimed from the pool in order of decreasing key count, the kv heads split so
+// that there are about 4 tasks per thread, instead of each thread's share dealt round-robin
+// (attention()).
+bool attention_claimed() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_ATTN_SPLIT");
+    return v && std::string_view(v) == "claimed";
+  }();
+  return on;
 }
 
 // y = weight * (x * rsqrt(mean(x^2) + eps)) over one head, as HF's Qwen3RMSNorm in f32.
@@ -225,6 +239,53 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   }
   const auto n_blocks = static_cast<std::int64_t>(block_start.size());
   block_start.push_back(static_cast<std::int32_t>(t_count));
+  // One task: row block blk, the part-th of `splits` ranges of kv heads.
+  const auto run_task = [&](std::int64_t blk, std::int64_t part, std::int64_t splits,
+                            std::vector<float>& scratch) {
+    const std::int64_t t = block_start[static_cast<std::size_t>(blk)];
+    const std::int64_t h = heads.n_kv_heads * part / splits;
+    const std::int64_t h_end = heads.n_kv_heads * (part + 1) / splits;
+    const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
+    AttentionTask at;
+    at.q = qkv.as<const float>() + t * width + h * group * d;
+    at.out = out.as<float>() + t * q_width + h * group * d;
+    at.group = group;
+    at.kv_heads = static_cast<std::int32_t>(h_end - h);
+    at.head_dim = heads.head_dim;
+    at.n_keys = pos[t] + 1;
+    at.rows = block_start[static_cast<std::size_t>(blk) + 1] - static_cast<std::int32_t>(t);
+    at.q_row_stride = width;
+    at.out_row_stride = q_width;
+    at.block_table = tables + s * max_blocks;
+    at.block_size = bs;
+    at.k_cache = cache.k.as<const float>() + h * d;
+    at.v_cache = cache.v.as<const float>() + h * d;
+    at.slot_stride = heads.n_kv_heads * d;
+    at.scale = scale;
+    at.prefetch_blocks = attention_prefetch_blocks();
+    scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
+    kt.attention(at, scratch.data());
+  };
+  const auto pool_threads = static_cast<std::int64_t>(pool_.size());
+  if (attention_claimed() && n_blocks > 1 && workers == pool_threads) {
+    // Claimed dynamically, the most keys first (a prefill's later rows see more keys), with
+    // about 4 tasks per thread: a thread that starts late or runs slow leaves its tasks to the
+    // others, and the last tasks are the shortest.
+    std::vector<std::int32_t> order(static_cast<std::size_t>(n_blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+      return pos[block_start[static_cast<std::size_t>(x)]] > pos[block_start[static_cast<std::size_t>(y)]];
+    });
+    const std::int64_t splits = std::clamp<std::int64_t>(
+        (4 * workers + n_blocks - 1) / n_blocks, 1, heads.n_kv_heads);
+    pool_.parallel_for(static_cast<std::size_t>(n_blocks * splits),
+                       [&](std::size_t b, std::size_t e) {
+      std::vector<float> scratch;
+      for (auto i = static_cast<std::int64_t>(b); i < static_cast<std::int64_t>(e); ++i)
+        run_task(order[static_cast<std::size_t>(i / splits)], i % splits, splits, scratch);
+    });
+    return;
+  }
   // Tasks are (row block, range of kv heads): all heads of a row in one task reads each cached
   // slot as one contiguous run, so blocks are split into head ranges only as far as needed to
   // give every thread work (decode of a few sequences).
@@ -238,32 +299,8 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
                      [&](std::size_t b, std::size_t e) {
     std::vector<float> scratch;
     for (auto w = static_cast<std::int64_t>(b); w < static_cast<std::int64_t>(e); ++w)
-      for (std::int64_t task = w; task < tasks; task += workers) {
-        const std::int64_t blk = task / splits, part = task % splits;
-        const std::int64_t t = block_start[static_cast<std::size_t>(blk)];
-        const std::int64_t h = heads.n_kv_heads * part / splits;
-        const std::int64_t h_end = heads.n_kv_heads * (part + 1) / splits;
-        const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
-        AttentionTask at;
-        at.q = qkv.as<const float>() + t * width + h * group * d;
-        at.out = out.as<float>() + t * q_width + h * group * d;
-        at.group = group;
-        at.kv_heads = static_cast<std::int32_t>(h_end - h);
-        at.head_dim = heads.head_dim;
-        at.n_keys = pos[t] + 1;
-        at.rows = block_start[static_cast<std::size_t>(blk) + 1] - static_cast<std::int32_t>(t);
-        at.q_row_stride = width;
-        at.out_row_stride = q_width;
-        at.block_table = tables + s * max_blocks;
-        at.block_size = bs;
-        at.k_cache = cache.k.as<const float>() + h * d;
-        at.v_cache = cache.v.as<const float>() + h * d;
-        at.slot_stride = heads.n_kv_heads * d;
-        at.scale = scale;
-        at.prefetch_blocks = attention_prefetch_blocks();
-        scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
-        kt.attention(at, scratch.data());
-      }
+      for (std::int64_t task = w; task < tasks; task += workers)
+        run_task(task / splits, task % splits, splits, scratch);
   });
 }
 

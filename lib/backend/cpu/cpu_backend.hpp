@@ -127,7 +127,8 @@ std::int64_t min_parallel_bytes();
 struct GemmSplit {
   std::int64_t tile_n = 128, row_blocks = 1;
 };
-GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads);
+// packs: whether each task packs its weight tile (not for panel32 weights, used in place).
+GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads, bool packs = true);
 
 // The allocator CpuBackend::allocator returns with XSERV_CPU_HUGEPAGES=1 (opt-in): from 2 MB up
 // an allocation is its own anonymous mapping on a 2 MB boundary, advised MADV_HUGEPAGE; smaller

@@ -188,7 +188,10 @@ GemmProblem make_problem(Tensor out, const Tensor& a, const Tensor& w, WeightLay
   const std::int64_t n = out_in ? w.shape[0] : w.shape[1];
   XSERV_CHECK(wk == k, ErrorCode::invalid_argument,
               "gemm: a {} does not match w {} ({} layout: K = {})", a.shape, w.shape,
-              out_in ? "out_in" : "in_out", wk);
+              out_in ? "out_in" : layout == WeightLayout::in_out ? "in_out" : "panel32", wk);
+  XSERV_CHECK(layout != WeightLayout::panel32 || n % weight_panel_width == 0,
+              ErrorCode::invalid_argument, "gemm: panel32 weights {} need N a multiple of {}",
+              w.shape, weight_panel_width);
   const std::int64_t ldo = out_row_stride ? out_row_stride : n;
   // With a row stride, out is the [M, N] column slice of a wider activation.
   XSERV_CHECK(out.shape[0] == m && out.shape[1] == n && ldo >= n, ErrorCode::invalid_argument,
@@ -271,7 +274,10 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
   const std::int64_t max_group = gemv_group_bytes();
   for (std::size_t i = 0; i < ps.size(); ++i) {
     const auto row_bytes = static_cast<std::int64_t>(ps[i].k * dtype_size(ps[i].w_dtype));
-    cols[i] = ps[i].layout == WeightLayout::out_in ? gemv_group_cols(row_bytes, max_group) : 16;
+    // panel32: whole panels, each one contiguous run of the weights.
+    cols[i] = ps[i].layout == WeightLayout::out_in    ? gemv_group_cols(row_bytes, max_group)
+              : ps[i].layout == WeightLayout::panel32 ? weight_panel_width
+                                                      : 16;
     first_group[i + 1] = first_group[i] + (ps[i].n + cols[i] - 1) / cols[i];
     group_bytes = std::max<std::int64_t>(group_bytes, cols[i] * row_bytes);
   }
@@ -319,11 +325,16 @@ void run_gemv(ThreadPool& pool, const KernelTable& kt, std::span<const GemmProbl
 // fewer than 4 per thread (a descheduled thread then holds up less).
 // GPT-2's N = 768 at 8 threads, M = 128: 24 tiles of 32 (3 per thread); the old rule (4 tasks per
 // thread by narrowing to 32, then halving rows) gave 48 tasks that packed every weight twice.
-GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads) {
-  constexpr std::int64_t min_rows = 48, pack_rows = 32;
+// f32 panel32 weights are multiplied in place (packs false): tiles of one panel, 32 columns, so
+// a task reads one contiguous stream of weights whose K tile stays in L1/L2 over its row steps
+// (on the dev EPYC, 2 threads, 128-column tiles of panels ran GPT-2's prefill GEMMs 10-60%
+// slower than 32-column ones); a task's first K tile from DRAM costs about 8 rows of compute.
+GemmSplit split_gemm(std::int64_t m, std::int64_t n, std::int64_t threads, bool packs) {
+  constexpr std::int64_t min_rows = 48;
+  const std::int64_t pack_rows = packs ? 32 : 8, widest = packs ? 128 : 32;
   GemmSplit best;
   std::int64_t best_cost = -1, best_tasks = 0;
-  for (std::int64_t tile_n = 128; tile_n >= 32; tile_n -= 32) {
+  for (std::int64_t tile_n = widest; tile_n >= 32; tile_n -= 32) {
     for (std::int64_t rb = 1; rb == 1 || m / rb >= min_rows; rb *= 2) {
       const std::int64_t tasks = (n + tile_n - 1) / tile_n * rb;
       const std::int64_t rounds = (tasks + threads - 1) / threads;
@@ -381,7 +392,8 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
   if (m == 0 || n == 0) return;
 
 #ifdef XSERV_HAVE_BLAS
-  if (use_blas_ && w.dtype == DType::f32 && m > gemv_max_rows && p.k > 0) {
+  if (use_blas_ && w.dtype == DType::f32 && m > gemv_max_rows && p.k > 0 &&
+      layout != WeightLayout::panel32) {
     const bool plain = !p.bias && beta == 0.0f;
     if (!plain) apply_epilogue(pool_, p);
     const bool out_in = layout == WeightLayout::out_in;
@@ -404,7 +416,8 @@ void CpuBackend::gemm_impl(Tensor out, const Tensor& a, const Tensor& w, WeightL
     run_amx(std::span<const GemmProblem>(&p, 1));
     return;
   }
-  GemmSplit split = split_gemm(m, n, threads);
+  GemmSplit split = split_gemm(m, n, threads,
+                               !(layout == WeightLayout::panel32 && w.dtype == DType::f32));
   // Measurement only: XSERV_CPU_GEMM_TILE=W[xR] forces the prefill tile width (a multiple of 32,
   // at most 128) and row blocks, to compare splits on a given machine (docs/cpu.md).
   static const GemmSplit forced = [] {
