@@ -17,33 +17,12 @@
 #   GEMM_BENCH     gemm_bench arguments (e.g. "--skinny 1 --models 8b --rows 16"), run after the
 #                  tests ("" skips)
 #   BUDGET         seconds the whole request may take (default 165)
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-t0=$(date +%s)
-left() { echo $(( t0 + ${BUDGET:-165} - $(date +%s) )); }
-ts() { date -u +%H:%M:%S; }
-echo "== $(ts) build"
-source scripts/device-env.sh && cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests serve_bench generate_bench gemm_bench xserv_cupti_trace >>"$OUT/build.txt" 2>&1 ||
-  { tail -40 "$OUT/build.txt"; exit 1; }
-echo "== $(ts) built ($(( $(date +%s) - t0 )) s)"
-T=/tmp/b/tests/cuda/xserv_cuda_tests
-G=/tmp/b/bench/generate_bench
+ROUND_TARGETS="serve_bench gemm_bench xserv_cupti_trace" ROUND_BUDGET=165
+source bench/device/cuda_round_common.sh
 S=/tmp/b/bench/serve_bench
 TRACER=/tmp/b/bench/libxserv_cupti_trace.so
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 settings() { local v=${1#*:}; [ "$v" = "$1" ] && v=""; echo "${v//,/ }"; }
 name() { echo "${1%%:*}"; }
-tests() {  # label, timeout, spec, env...
-  local label=$1 limit=$2 spec=$3; shift 3
-  [ "$(left)" -ge "$limit" ] || { echo "$(ts) skip tests $label: $(left) s left"; return; }
-  echo "== $(ts) tests $label: $spec $*"
-  env "$@" timeout "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
-  echo "rc=$? $(grep -E "^(All tests|test cases)" "$OUT/tests_$label.txt" | tail -2 | tr '\n' ' ')"
-  grep -B3 -A12 -m3 "FAILED" "$OUT/tests_$label.txt" | head -40
-}
 if declare -F run_tests >/dev/null; then run_tests; fi
 if [ -n "${GEMM_BENCH:-}" ] && [ "$(left)" -ge 20 ]; then
   echo "== $(ts) gemm_bench ${GEMM_BENCH}"

@@ -12,33 +12,12 @@
 #   LATE_RUNS            more measurements after those, while the time lasts
 #   BUDGET               seconds the whole request may take (default 165)
 # A variant word is "name" or "name=ENV=V,ENV=V" (settings after the first '=').
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-t0=$(date +%s)
-left() { echo $(( t0 + ${BUDGET:-165} - $(date +%s) )); }
-ts() { date -u +%H:%M:%S; }
-echo "== $(ts) build"
-source scripts/device-env.sh && cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests generate_bench xserv_cupti_trace >>"$OUT/build.txt" 2>&1 ||
-  { tail -40 "$OUT/build.txt"; exit 1; }
-echo "== $(ts) built ($(( $(date +%s) - t0 )) s)"
-T=/tmp/b/tests/cuda/xserv_cuda_tests
-G=/tmp/b/bench/generate_bench
+ROUND_TARGETS="xserv_cupti_trace" ROUND_BUDGET=165
+source bench/device/cuda_round_common.sh
 LIB=$(ls /tmp/b/bench/libxserv_cupti_trace.so 2>/dev/null)
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 model() { echo "${1%%:*}"; }
 vname() { local w=${1#*:}; echo "${w%%=*}"; }
 settings() { local w=${1#*:} v; v=${w#*=}; [ "$v" = "$w" ] && v=""; echo "${v//,/ }"; }
-tests() {  # label, timeout, spec, env...
-  local label=$1 limit=$2 spec=$3; shift 3
-  [ "$(left)" -ge "$limit" ] || { echo "$(ts) skip tests $label: $(left) s left"; return; }
-  echo "== $(ts) tests $label: $spec $*"
-  env "$@" timeout "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
-  echo "rc=$? $(grep -E "^(All tests|test cases)" "$OUT/tests_$label.txt" | tail -2 | tr '\n' ' ')"
-  grep -B3 -A12 -m3 "FAILED" "$OUT/tests_$label.txt" | head -40
-}
 trace() {  # "model:variant": one warm-up and one measured run of 128 + 128 under the CUPTI library
   local m n s f; m=$(model "$1"); n=$(vname "$1"); s=$(settings "$1")
   [ "$(left)" -ge 15 ] || { echo "$(ts) skip trace $m $n: $(left) s left"; return; }

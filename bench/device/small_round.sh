@@ -10,31 +10,10 @@
 #   V_06 V_17 V_8 V_G2   "name:ENV=V,ENV=V" words (Qwen3-0.6B, 1.7B, 8B, GPT-2), run in order
 #   NCU_VARIANT          the variant whose step ncu profiles ("" skips)
 #   BUDGET               seconds the whole request may take (default 190)
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-t0=$(date +%s)
-left() { echo $(( t0 + ${BUDGET:-190} - $(date +%s) )); }
-ts() { date -u +%H:%M:%S; }
-echo "== $(ts) build"
-source scripts/device-env.sh && cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DXSERV_BUILD_BENCH=ON -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests generate_bench >>"$OUT/build.txt" 2>&1 ||
-  { tail -40 "$OUT/build.txt"; exit 1; }
-echo "== $(ts) built ($(( $(date +%s) - t0 )) s)"
-T=/tmp/b/tests/cuda/xserv_cuda_tests
-G=/tmp/b/bench/generate_bench
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+ROUND_TARGETS="" ROUND_BUDGET=190
+source bench/device/cuda_round_common.sh
 settings() { local v=${1#*:}; [ "$v" = "$1" ] && v=""; echo "${v//,/ }"; }
 name() { echo "${1%%:*}"; }
-tests() {  # label, timeout, spec, env...
-  local label=$1 limit=$2 spec=$3; shift 3
-  [ "$(left)" -ge "$limit" ] || { echo "$(ts) skip tests $label: $(left) s left"; return; }
-  echo "== $(ts) tests $label: $spec $*"
-  env "$@" timeout "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
-  echo "rc=$? $(grep -E "^(All tests|test cases)" "$OUT/tests_$label.txt" | tail -2 | tr '\n' ' ')"
-  grep -B3 -A12 -m3 "FAILED" "$OUT/tests_$label.txt" | head -40
-}
 if declare -F run_tests >/dev/null; then run_tests; fi
 gb() {  # variant word, model, repeat, need (seconds)
   [ "$(left)" -ge "$4" ] || { echo "$(ts) skip $2 $(name "$1"): $(left) s left"; return; }
