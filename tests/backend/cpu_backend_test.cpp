@@ -47,6 +47,33 @@ std::vector<float> column_block_out(const std::vector<float>& out0, std::int64_t
   return out;
 }
 
+// Requires `got` to be out = a [m, k] . W [k, n] (+ bias) + beta * out0 within 2e-6 of the sum
+// of magnitudes (a naive double reference; weight(k, j) gives W's element), over rows of ldo
+// with the columns past n untouched.
+template <typename WeightAt>
+void require_gemm_matches_naive(const std::vector<float>& got, const std::vector<float>& out0,
+                                const std::vector<float>& a, std::int64_t m, std::int64_t k, std::int64_t n,
+                                std::int64_t ldo, const float* bias, float beta, WeightAt weight) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < ldo; ++j) {
+      const auto o = static_cast<std::size_t>(i * ldo + j);
+      if (j >= n) {  // columns past the slice are untouched
+        REQUIRE(std::isnan(got[o]) == std::isnan(out0[o]));
+        continue;
+      }
+      double want = 0.0, mag = 1.0;
+      for (std::int64_t r = 0; r < k; ++r) {
+        const double v = a[static_cast<std::size_t>(i * k + r)] * static_cast<double>(weight(r, j));
+        want += v;
+        mag += std::abs(v);
+      }
+      if (bias != nullptr) want += bias[j];
+      if (beta != 0.0f) want += beta * out0[o];
+      INFO("row " << i << " col " << j << " got " << got[o] << " want " << want);
+      REQUIRE(std::abs(got[o] - want) <= 2e-6 * mag);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dtypes", "[cpu]") {
@@ -73,37 +100,15 @@ TEST_CASE("cpu gemm matches a naive reference for both layouts and all weight dt
           const std::int64_t ldo = strided ? c.n + 3 : c.n;
           auto out = random_floats(rng, static_cast<std::size_t>(c.m * ldo));
           if (beta == 0.0f) std::fill(out.begin(), out.end(), NAN);  // must be ignored
-          std::vector<double> want(out.size());
-          std::vector<double> mag(out.size());
-          for (std::int64_t i = 0; i < c.m; ++i)
-            for (std::int64_t j = 0; j < c.n; ++j) {
-              double s = 0.0, s_abs = 0.0;
-              for (std::int64_t k = 0; k < c.k; ++k) {
-                const double wv = w.values[static_cast<std::size_t>(out_in ? j * c.k + k : k * c.n + j)];
-                s += a[static_cast<std::size_t>(i * c.k + k)] * wv;
-                s_abs += std::abs(a[static_cast<std::size_t>(i * c.k + k)] * wv);
-              }
-              if (with_bias) s += bias.values[static_cast<std::size_t>(j)];
-              const auto o = static_cast<std::size_t>(i * ldo + j);
-              if (beta != 0.0f) s += beta * out[o];
-              want[o] = s;
-              mag[o] = s_abs + 1.0;
-            }
           std::vector<float> got = out;
           const Shape ws = out_in ? Shape{c.n, c.k} : Shape{c.k, c.n};
           be->gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
                    w.tensor(ws), layout, with_bias ? bias.tensor({c.n}) : Tensor{}, beta,
                    strided ? ldo : 0);
-          for (std::int64_t i = 0; i < c.m; ++i)
-            for (std::int64_t j = 0; j < ldo; ++j) {
-              const auto o = static_cast<std::size_t>(i * ldo + j);
-              if (j >= c.n) {  // columns past the slice are untouched
-                REQUIRE(std::isnan(got[o]) == std::isnan(out[o]));
-                continue;
-              }
-              INFO("row " << i << " col " << j << " got " << got[o] << " want " << want[o]);
-              REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
-            }
+          require_gemm_matches_naive(got, out, a, c.m, c.k, c.n, ldo, with_bias ? bias.values.data() : nullptr,
+                                     beta, [&](std::int64_t r, std::int64_t j) {
+                                       return w.values[static_cast<std::size_t>(out_in ? j * c.k + r : r * c.n + j)];
+                                     });
         }
       }
     }
@@ -153,36 +158,14 @@ TEST_CASE("cpu gemm over 32-column panel weights matches a naive reference", "[c
         const std::int64_t ldo = strided ? c.n + 3 : c.n;
         auto out = random_floats(rng, static_cast<std::size_t>(c.m * ldo));
         if (beta == 0.0f) std::fill(out.begin(), out.end(), NAN);  // must be ignored
-        std::vector<double> want(out.size()), mag(out.size());
-        for (std::int64_t i = 0; i < c.m; ++i)
-          for (std::int64_t j = 0; j < c.n; ++j) {
-            double s = 0.0, s_abs = 0.0;
-            for (std::int64_t k = 0; k < c.k; ++k) {
-              const double v = a[static_cast<std::size_t>(i * c.k + k)] *
-                               static_cast<double>(w.values[static_cast<std::size_t>(k * c.n + j)]);
-              s += v;
-              s_abs += std::abs(v);
-            }
-            if (with_bias) s += bias.values[static_cast<std::size_t>(j)];
-            const auto o = static_cast<std::size_t>(i * ldo + j);
-            if (beta != 0.0f) s += beta * out[o];
-            want[o] = s;
-            mag[o] = s_abs + 1.0;
-          }
         std::vector<float> got = out;
         be->gemm(Tensor(got.data(), DType::f32, Shape{c.m, c.n}), view(a, {c.m, c.k}),
                  panels.tensor({c.k, c.n}), WeightLayout::panel32,
                  with_bias ? bias.tensor({c.n}) : Tensor{}, beta, strided ? ldo : 0);
-        for (std::int64_t i = 0; i < c.m; ++i)
-          for (std::int64_t j = 0; j < ldo; ++j) {
-            const auto o = static_cast<std::size_t>(i * ldo + j);
-            if (j >= c.n) {  // columns past the slice are untouched
-              REQUIRE(std::isnan(got[o]) == std::isnan(out[o]));
-              continue;
-            }
-            INFO("row " << i << " col " << j << " got " << got[o] << " want " << want[o]);
-            REQUIRE(std::abs(got[o] - want[o]) <= 2e-6 * mag[o]);
-          }
+        require_gemm_matches_naive(got, out, a, c.m, c.k, c.n, ldo, with_bias ? bias.values.data() : nullptr, beta,
+                                   [&](std::int64_t r, std::int64_t j) {
+                                     return w.values[static_cast<std::size_t>(r * c.n + j)];
+                                   });
       }
     }
   }
