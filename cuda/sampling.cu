@@ -14,12 +14,14 @@
 //   select_pass_kernel, launched up to 8 times per phase (phases: top-k by count, top-p by mass,
 //     the draw by mass): every block histograms one key byte of its chunk (count, mass in double
 //     like the CPU backend, the largest key per bin) into the row's global bins; the last block
-//     to arrive picks the bin where the running total crosses the target, narrows the prefix or,
-//     when that bin holds one key, ends the phase early. Later launches for a finished row
+//     to arrive picks the bin where the running total crosses the target (a block scan over the
+//     bins), narrows the prefix or, when that bin holds one key, ends the phase early. Later launches for a finished row
 //     return at once. The first pass of a mass phase sums the bins: that is the kept mass Z.
 // Masses are summed in double: with thousands of kept tokens a float sum can move a draw across
 // a boundary of the order, and then the id differs completely.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -64,8 +66,8 @@ __device__ int next_phase(int done, const SamplingRowParams& p, int vocab) {
   return draw_phase;
 }
 
-// True in exactly one thread of the grid's row: the last block to finish this kernel, after every
-// other block's global writes are visible to it.
+// True in every thread of the row's last block to finish this kernel, after every other block's
+// global writes are visible to it.
 __device__ bool last_block_of_row(RowSelect& st, int nblk) {
   __shared__ bool last;
   __threadfence();
@@ -118,15 +120,94 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// The last block's half of a pass: choose the bin, then narrow, or end the phase.
-__device__ void select_bin(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
+// The row's state after the pass chose `chosen` (its keys' count `in_bin`, their largest key,
+// and `run`, the kept total above the bin): narrow the prefix to it, or end the phase.
+__device__ void take_bin(RowSelect& st, const SamplingRowParams& prm, int vocab, int chosen,
+                         unsigned in_bin, u64 key, double run, std::int32_t* out) {
+  if (in_bin <= 1 || st.shift == 0) {  // the crossing key is known
+    if (st.phase == draw_phase) {
+      out[blockIdx.y] = key_id(key);
+      st.phase = done_phase;
+    } else {
+      st.floor = key > st.floor ? key : st.floor;
+      st.phase = next_phase(st.phase, prm, vocab);
+    }
+    st.prefix = st.mask = 0;
+    st.above = 0.0;
+    st.shift = 56;
+  } else {
+    st.prefix |= static_cast<u64>(chosen) << st.shift;
+    st.mask |= 0xFFull << st.shift;
+    st.above = run;
+    st.shift -= 8;
+  }
+}
+
+// A phase's target: top-k's count, or a share of the kept mass z (the first pass's bins).
+__device__ __forceinline__ double phase_target(int phase, const SamplingRowParams& prm, double z) {
+  return phase == top_k_phase   ? static_cast<double>(prm.top_k)
+         : phase == top_p_phase ? static_cast<double>(prm.top_p) * z
+                                : static_cast<double>(prm.uniform) * z;
+}
+
+// The last block's half of a pass, by all its threads: the bin where the running total from the
+// top crosses the target. Thread t holds bin 255 - t, so an inclusive scan in thread order is that
+// running total; the first thread whose non-empty bin reaches the target (the draw: passes it)
+// holds the chosen bin, or, when rounding leaves the target just out of reach, the last non-empty
+// one. Then every thread clears its bin for the next pass. The same choice as the walk below but
+// two block barriers instead of ~256 dependent reads from L2 by one thread, which took most of a
+// pass (~13 us at batch 1; docs/benchmarks.md, "Sampling without top-k").
+__device__ void select_bin_block(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
+  static_assert(threads == 256, "one bin a thread");
+  __shared__ double warp_total[threads / 32];
+  __shared__ int chosen_t, last_t;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, d = 255 - t;
+  const int phase = st.phase, shift = st.shift;
+  const bool by_count = phase == top_k_phase, strict = phase == draw_phase;
+  // Written by other blocks' atomics in L2 during this kernel: read past L1.
+  const unsigned count = __ldcg(&st.count[d]);
+  const double mine = by_count ? static_cast<double>(count) : __ldcg(&st.mass[d]);
+  const u64 key = __ldcg(&st.max_key[d]);
+  const double above = st.above;
+  double incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  if (t == 0) chosen_t = threads, last_t = -1;
+  __syncthreads();
+  double before = 0.0, z = 0.0;
+  for (int w = 0; w < threads / 32; ++w) {
+    if (w < warp) before += warp_total[w];
+    z += warp_total[w];
+  }
+  incl += before;
+  const double target = shift == 56 ? phase_target(phase, prm, z) : st.target;
+  const double next = above + incl;
+  if (count != 0) {
+    if (strict ? next > target : next >= target) atomicMin(&chosen_t, t);
+    atomicMax(&last_t, t);
+  }
+  __syncthreads();
+  const int c = chosen_t < threads ? chosen_t : (last_t < 0 ? threads - 1 : last_t);
+  if (t == c) {
+    if (shift == 56) st.target = target;
+    take_bin(st, prm, vocab, d, count, key, above + incl - mine, out);
+  }
+  st.mass[d] = 0.0, st.count[d] = 0, st.max_key[d] = 0;
+  if (t == 0) st.arrived = 0;
+}
+
+// The same choice by one thread walking the bins (as before 2026-12-05:
+// XSERV_CUDA_SAMPLE_SERIAL_BIN=1, for comparisons).
+__device__ void select_bin_walk(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
   const bool by_count = st.phase == top_k_phase, strict = st.phase == draw_phase;
-  if (st.shift == 56) {  // a phase's first pass: its target (mass phases: a share of the kept Z)
+  if (st.shift == 56) {
     double z = 0.0;
     for (int d = 0; d < 256; ++d) z += st.mass[d];
-    st.target = st.phase == top_k_phase   ? static_cast<double>(prm.top_k)
-                : st.phase == top_p_phase ? static_cast<double>(prm.top_p) * z
-                                          : static_cast<double>(prm.uniform) * z;
+    st.target = phase_target(st.phase, prm, z);
   }
   double run = st.above;
   int chosen = -1, last = -1;
@@ -146,32 +227,14 @@ __device__ void select_bin(RowSelect& st, const SamplingRowParams& prm, int voca
     run = st.above;
     for (int d = 255; d > chosen; --d) run += by_count ? static_cast<double>(st.count[d]) : st.mass[d];
   }
-  const unsigned in_bin = st.count[chosen];
-  const u64 key = st.max_key[chosen];
-  if (in_bin <= 1 || st.shift == 0) {  // the crossing key is known
-    if (st.phase == draw_phase) {
-      out[blockIdx.y] = key_id(key);
-      st.phase = done_phase;
-    } else {
-      st.floor = key > st.floor ? key : st.floor;
-      st.phase = next_phase(st.phase, prm, vocab);
-    }
-    st.prefix = st.mask = 0;
-    st.above = 0.0;
-    st.shift = 56;
-  } else {
-    st.prefix |= static_cast<u64>(chosen) << st.shift;
-    st.mask |= 0xFFull << st.shift;
-    st.above = run;
-    st.shift -= 8;
-  }
+  take_bin(st, prm, vocab, chosen, st.count[chosen], st.max_key[chosen], run, out);
   for (int d = 0; d < 256; ++d) st.mass[d] = 0.0, st.count[d] = 0, st.max_key[d] = 0;
   st.arrived = 0;
 }
 
 __global__ void __launch_bounds__(threads)
     select_pass_kernel(const float* logits, std::int64_t vocab64, const SamplingRowParams* params,
-                       RowSelect* sel, std::int32_t* out_ids) {
+                       RowSelect* sel, bool serial_bin, std::int32_t* out_ids) {
   __shared__ double mass[256];
   __shared__ unsigned count[256];
   __shared__ u64 max_key[256];
@@ -232,8 +295,12 @@ __global__ void __launch_bounds__(threads)
     atomicAdd(&st.count[d], count[d]);
     atomicMax(&st.max_key[d], max_key[d]);
   }
-  if (!last_block_of_row(st, nblk) || threadIdx.x != 0) return;
-  select_bin(st, prm, vocab, out_ids);
+  if (!last_block_of_row(st, nblk)) return;
+  if (!serial_bin) {
+    select_bin_block(st, prm, vocab, out_ids);
+  } else if (threadIdx.x == 0) {
+    select_bin_walk(st, prm, vocab, out_ids);
+  }
 }
 
 __global__ void token_counts_kernel(std::uint32_t* counts, std::int64_t vocab,
@@ -278,10 +345,14 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
   XSERV_CUDA_CHECK(cudaMemsetAsync(sel, 0, sample_select_bytes(rows), stream));
   const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((vocab + min_chunk - 1) / min_chunk, 1, max_blocks));
   const dim3 grid(blocks, static_cast<unsigned>(rows));
+  // XSERV_CUDA_SAMPLE_SERIAL_BIN=1: one thread walks each pass's bins, as before 2026-12-05, for
+  // before/after comparisons; read at every call.
+  const char* env = std::getenv("XSERV_CUDA_SAMPLE_SERIAL_BIN");
+  const bool serial_bin = env != nullptr && std::string_view(env) == "1";
   select_prepare_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, counts, sel, out_ids);
   XSERV_CUDA_LAUNCH_CHECK();
   for (int p = 0; p < passes; ++p) {
-    select_pass_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, sel, out_ids);
+    select_pass_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, sel, serial_bin, out_ids);
     XSERV_CUDA_LAUNCH_CHECK();
   }
 }
