@@ -169,12 +169,7 @@ __device__ void select_bin_block(RowSelect& st, const SamplingRowParams& prm, in
   const double mine = by_count ? static_cast<double>(count) : __ldcg(&st.mass[d]);
   const u64 key = __ldcg(&st.max_key[d]);
   const double above = st.above;
-  double incl = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
+  double incl = warp_inclusive_sum(mine, lane);
   if (lane == 31) warp_total[warp] = incl;
   if (t == 0) chosen_t = threads, last_t = -1;
   __syncthreads();

@@ -1,7 +1,8 @@
-// What both sampling kernels (sampling.cu, sampling_topk.cu) do to a logit before ranking it,
-// written once so the two paths cannot drift apart: penalties from the counts table (repetition:
-// HF semantics over prompt + output; presence/frequency: OpenAI over output), then temperature as
-// a division, as the CPU backend does (same rounding).
+// What both sampling kernels (sampling.cu, sampling_topk.cu) share, written once so the two paths
+// cannot drift apart: what they do to a logit before ranking it (penalties from the counts table,
+// repetition: HF semantics over prompt + output; presence/frequency: OpenAI over output; then
+// temperature as a division, as the CPU backend does: same rounding), and the warp scan their
+// radix passes use to find a digit's bin.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,17 @@ __device__ __forceinline__ float adjusted_logit(float v, const std::uint32_t* cn
     if (n > 0.0f) v -= prm.frequency_penalty * n + prm.presence_penalty;
   }
   if (!greedy) v /= prm.temperature;
+  return v;
+}
+
+// The inclusive sum of v over lanes 0..lane of the warp (all 32 lanes call it).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
   return v;
 }
 

@@ -57,12 +57,7 @@ __device__ __forceinline__ void select_digit(const unsigned* bins, unsigned abov
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int d = 255 - t;
   const unsigned mine = bins[d];
-  unsigned incl = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
+  unsigned incl = warp_inclusive_sum(mine, lane);
   if (lane == 31) warp_totals[warp] = incl;
   __syncthreads();
   unsigned before = 0;
