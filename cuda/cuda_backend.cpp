@@ -185,6 +185,12 @@ class CudaBackend final : public Backend {
   std::size_t recorded_graphs() const noexcept override { return graphs_.size(); }
 
  private:
+  // gemm and rms_norm_gemm with what the op around them knows of the next kernel (GemvChain:
+  // gemm_rms_norm_gemm at one row).
+  void gemm_chained(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
+                    float beta, std::int64_t out_row_stride, const GemvChain& chain);
+  void rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                             bool swiglu, Tensor h_scratch, Tensor y_scratch, const GemvChain& chain);
   // Enqueues sampling into ids_dev (null: the staging area's own ids) and the ids' copy to the
   // host; returns the slot (index into sample_slots_) that wait_slot reads.
   std::size_t enqueue_sample(Tensor logits, const SamplingBatch& params, std::int32_t* ids_dev);
@@ -733,6 +739,12 @@ void CudaBackend::rms_norm(Tensor out, const Tensor& x, Tensor residual, const T
 
 void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
                        const Tensor& bias, float beta, std::int64_t out_row_stride) {
+  gemm_chained(out, a, w, layout, bias, beta, out_row_stride, {});
+}
+
+void CudaBackend::gemm_chained(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout,
+                               const Tensor& bias, float beta, std::int64_t out_row_stride,
+                               const GemvChain& chain) {
   XSERV_CHECK(a.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2,
               ErrorCode::invalid_argument, "gemm: a {}, w {}, out {} must be matrices", a.shape,
               w.shape, out.shape);
@@ -757,7 +769,7 @@ void CudaBackend::gemm(Tensor out, const Tensor& a, const Tensor& w, WeightLayou
     ensure_gemv_scratch(a.dtype, in_out, m, n, k);
     launch_gemv(stream_, a.dtype, out.dtype, in_out, out.data, ldo, a.data, w.data,
                 bias.empty() ? nullptr : bias.data, beta, m, n, k, sm_count_,
-                static_cast<float*>(gemv_partial_.data()), static_cast<unsigned*>(gemv_tickets_.data()));
+                static_cast<float*>(gemv_partial_.data()), static_cast<unsigned*>(gemv_tickets_.data()), chain);
     return;
   }
   if (!in_out && skinny_gemm_supported(a.dtype, m, n, k, a.data, w.data, skinny_rows_)) {
@@ -814,6 +826,12 @@ void CudaBackend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& nor
 void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
                                 float eps, const Tensor& w, bool swiglu, Tensor h_scratch,
                                 Tensor y_scratch) {
+  rms_norm_gemm_chained(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch, {});
+}
+
+void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
+                                        const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch,
+                                        const GemvChain& chain) {
   const DType dt = x.dtype;
   const bool shapes_ok = x.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2 &&
                          w.shape[1] == x.shape[1] && norm_weight.numel() == x.shape[1] &&
@@ -828,7 +846,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
   if (shapes_ok && (dtypes_ok || logits_ok) && use_gemv_ &&
       norm_gemv_supported(dt, x.shape[0], w.shape[0], x.shape[1], x.data, norm_weight.data, w.data)) {
     launch_norm_gemv(stream_, dt, out.data, x.data, norm_weight.data, eps, w.data, swiglu,
-                     x.shape[0], out.shape[1], x.shape[1], sm_count_, out.dtype);
+                     x.shape[0], out.shape[1], x.shape[1], sm_count_, out.dtype, chain);
     return;
   }
   // 5-32 rows (batched decode): the skinny tensor-core GEMM with the same fusions.
@@ -890,7 +908,17 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
                     k % (8 * splits) == 0 &&
                     residual_rms_norm_supported(n, x.data, h_scratch.data, norm_weight.data);
   if (!take) {
-    Backend::gemm_rms_norm_gemm(x, a, w_res, norm_weight, eps, w, swiglu, out, h_scratch, y_scratch);
+    // As Backend::gemm_rms_norm_gemm: the residual GEMM, then the norm GEMV. Ahead of the SwiGLU
+    // GEMV (the o_proj, then RMSNorm + gate|up + SwiGLU) the one-row GEMVs may be told so
+    // (XSERV_CUDA_GEMV_EARLY_TRIGGER bit 4, XSERV_CUDA_GEMV_SWIGLU_PDL_MB: GemvTuning says why).
+    GemvChain res_chain, norm_chain;
+    if (swiglu) {
+      const GemvTuning& tune = gemv_tuning();
+      res_chain.trigger_early = (tune.early_trigger & 4) != 0;
+      if (tune.swiglu_pdl_mb > 0) norm_chain.pdl_max_bytes = std::int64_t{tune.swiglu_pdl_mb} << 20;
+    }
+    gemm_chained(x, a, w_res, WeightLayout::out_in, {}, 1.0f, 0, res_chain);
+    rms_norm_gemm_chained(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch, norm_chain);
     return;
   }
   // Sized for the largest rows at once, so graph captures of smaller batches never grow it.

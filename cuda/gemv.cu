@@ -685,8 +685,8 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
 
 // Whether a GEMV streaming `weight_bytes` takes programmatic dependent launch: large weights
 // launch plainly (pdl_gemv_max_bytes in kernels.hpp says why).
-bool gemv_pdl(std::int64_t weight_bytes) noexcept {
-  return pdl_enabled() && weight_bytes <= pdl_gemv_max_bytes();
+bool gemv_pdl(std::int64_t weight_bytes, const GemvChain& chain = {}) noexcept {
+  return pdl_enabled() && weight_bytes <= (chain.pdl_max_bytes >= 0 ? chain.pdl_max_bytes : pdl_gemv_max_bytes());
 }
 
 // Whether gemv_bulk_kernel<T, OutT> can run on the current device: it was built for sm_90 or
@@ -710,13 +710,13 @@ bool bulk_usable() {
 }
 
 template <typename T, typename OutT>
-void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
+void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, const GemvChain& chain) {
   OutInArgs<T> p = args;
   const GemvTuning& tune = gemv_tuning();
   p.early_out = tune.early_out;
   p.evict_first = tune.evict_first;
   p.resid_prefetch = tune.resid_prefetch;
-  p.early_trigger = (tune.early_trigger & 1) != 0;
+  p.early_trigger = (tune.early_trigger & 1) != 0 || chain.trigger_early;
   const auto fits_two = [](std::size_t smem) { return 2 * (smem + 1024) <= 228 * 1024; };  // 1 KB a block is the runtime's
   // bulk_wide: a row too long for two blocks an SM beside its copy in shared memory (Qwen3-8B's
   // down_proj, K = 12288: 120 KB a block) is read from global memory instead, so two fit.
@@ -726,7 +726,7 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
   // is small), at most one row a warp.
   const int per_sm = fits_two(smem) ? 2 : 1;
   const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
-  const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)));
+  const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)), chain);
   if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
   else launch_kernel(pdl, gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
 }
@@ -884,7 +884,7 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH and _EARLY_TRIGGER: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER and _SWIGLU_PDL_MB: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -903,6 +903,7 @@ GemvTuning tuning_from_env() noexcept {
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
   t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
+  t.swiglu_pdl_mb = get("XSERV_CUDA_GEMV_SWIGLU_PDL_MB");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -942,19 +943,19 @@ int warps_per_column(int m, std::int64_t n, std::int64_t k, bool norm, bool swig
 }
 
 template <typename T, int M, typename OutT, bool Norm, bool Swiglu>
-void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) {
+void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, const GemvChain& chain = {}) {
   OutInArgs<T> p = args;
   const std::size_t smem = Norm ? static_cast<std::size_t>(M) * p.k * sizeof(T) : 0;
   const GemvTuning& tune = gemv_tuning();
   p.norm_early_w = Norm && tune.norm_early_w;
-  p.early_trigger = Norm && (tune.early_trigger & 2) != 0;
+  p.early_trigger = (Norm && (tune.early_trigger & 2) != 0) || chain.trigger_early;
   p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;
   const dim3 grid((p.n + cols_per_block - 1) / cols_per_block);
   const std::int64_t weight_bytes = std::int64_t{p.n} * (Swiglu ? 2 : 1) * p.k * static_cast<std::int64_t>(sizeof(T));
-  const bool pdl = gemv_pdl(weight_bytes);
+  const bool pdl = gemv_pdl(weight_bytes, chain);
   const dim3 block(warps * 32);
   if constexpr (M == 1 && Norm) {
     // Default (norm_persist -1): bf16 rows of up to 2048 elements, where it was measured to win
@@ -1001,7 +1002,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count) 
 template <typename T, typename OutT, int M>
 void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, const T* a, const T* w,
               const T* bias, float beta, int n, int k, const InOutShape& sh, float* partial,
-              unsigned* tickets, int sm_count, const InOutFusion<T>& f = {}) {
+              unsigned* tickets, int sm_count, const InOutFusion<T>& f = {}, const GemvChain& chain = {}) {
   if (in_out) {
     const dim3 grid(sh.tiles, sh.parts);
     if (f.norm_w) {
@@ -1020,11 +1021,11 @@ void launch_m(cudaStream_t stream, bool in_out, OutT* out, std::int64_t ldo, con
                          std::int64_t{n} * k * static_cast<std::int64_t>(sizeof(T)) <= (std::int64_t{tune.bulk_max_mb} << 20);
       if (tune.bulk && small && k <= max_bulk_k && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
           bulk_usable<T, OutT>()) {
-        launch_bulk<T, OutT>(stream, p, sm_count);
+        launch_bulk<T, OutT>(stream, p, sm_count, chain);
         return;
       }
     }
-    launch_out_in<T, M, OutT, false, false>(stream, p, sm_count);
+    launch_out_in<T, M, OutT, false, false>(stream, p, sm_count, chain);
   }
 }
 
@@ -1045,12 +1046,13 @@ void dispatch_rows(int m, F&& f) {
 template <typename T, typename OutT>
 void launch_typed(cudaStream_t stream, bool in_out, void* out, std::int64_t ldo, const void* a,
                   const void* w, const void* bias, float beta, int m, int n, int k,
-                  const InOutShape& sh, float* partial, unsigned* tickets, int sm_count) {
+                  const InOutShape& sh, float* partial, unsigned* tickets, int sm_count,
+                  const GemvChain& chain) {
   dispatch_rows(m, [&](auto rows) {
     launch_m<T, OutT, decltype(rows)::value>(stream, in_out, static_cast<OutT*>(out), ldo,
                                              static_cast<const T*>(a), static_cast<const T*>(w),
                                              static_cast<const T*>(bias), beta, n, k, sh, partial,
-                                             tickets, sm_count);
+                                             tickets, sm_count, {}, chain);
   });
 }
 
@@ -1079,21 +1081,21 @@ void launch_layer_norm_out_in(cudaStream_t stream, const LayerNormGemvArgs& g, i
 }
 
 template <typename T, bool Swiglu>
-void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm_count) {
-  dispatch_rows(m, [&](auto rows) { launch_out_in<T, decltype(rows)::value, T, true, Swiglu>(stream, p, sm_count); });
+void launch_norm_typed(cudaStream_t stream, const OutInArgs<T>& p, int m, int sm_count, const GemvChain& chain) {
+  dispatch_rows(m, [&](auto rows) { launch_out_in<T, decltype(rows)::value, T, true, Swiglu>(stream, p, sm_count, chain); });
 }
 
 template <typename T>
 void launch_norm_gemv_typed(cudaStream_t stream, void* out, const void* x, const void* norm_weight,
                             float eps, const void* w, bool swiglu, int m, int n, int k, int sm_count,
-                            bool f32_out) {
+                            bool f32_out, const GemvChain& chain) {
   const OutInArgs<T> p{out, n, static_cast<const T*>(x), static_cast<const T*>(w), nullptr, 0.0f,
                        n, k, 1, static_cast<const T*>(norm_weight), eps};
   if constexpr (!std::is_same_v<T, float>) {
-    if (f32_out) return launch_out_in<T, 1, float, true, false>(stream, p, sm_count);  // logits: one row
+    if (f32_out) return launch_out_in<T, 1, float, true, false>(stream, p, sm_count, chain);  // logits: one row
   }
-  if (swiglu) launch_norm_typed<T, true>(stream, p, m, sm_count);
-  else launch_norm_typed<T, false>(stream, p, m, sm_count);
+  if (swiglu) launch_norm_typed<T, true>(stream, p, m, sm_count, chain);
+  else launch_norm_typed<T, false>(stream, p, m, sm_count, chain);
 }
 
 // bench/gemv_bench's ceiling: a pure streaming read of `n16` 16-byte vectors, grid-stride, eight
@@ -1156,16 +1158,16 @@ std::size_t gemv_tickets(DType dt, std::int64_t n) noexcept {
 void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void* out,
                  std::int64_t ldo, const void* a, const void* w, const void* bias, float beta,
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
-                 unsigned* tickets) {
+                 unsigned* tickets, const GemvChain& chain) {
   if (m == 0 || n == 0) return;
   const InOutShape sh = in_out ? in_out_shape(dt, n, k, sm_count) : InOutShape{0, 1, 0};
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (dt == DType::f32) {
-    launch_typed<float, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
+    launch_typed<float, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count, chain);
   } else if (out_dt == DType::f32) {
-    launch_typed<bf16, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
+    launch_typed<bf16, float>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count, chain);
   } else {
-    launch_typed<bf16, bf16>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count);
+    launch_typed<bf16, bf16>(stream, in_out, out, ldo, a, w, bias, beta, mi, ni, ki, sh, partial, tickets, sm_count, chain);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }
@@ -1179,14 +1181,15 @@ bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t 
 
 void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
-                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, DType out_dt) {
+                      std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, DType out_dt,
+                      const GemvChain& chain) {
   if (m == 0 || n == 0) return;
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (dt == DType::f32) {
-    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count, false);
+    launch_norm_gemv_typed<float>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count, false, chain);
   } else {
     launch_norm_gemv_typed<bf16>(stream, out, x, norm_weight, eps, w, swiglu, mi, ni, ki, sm_count,
-                                 out_dt == DType::f32);
+                                 out_dt == DType::f32, chain);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

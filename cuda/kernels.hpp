@@ -92,10 +92,16 @@ bool gemv_supported(DType dt, bool in_out, std::int64_t m, std::int64_t n, std::
 std::size_t gemv_scratch_floats(DType dt, bool in_out, std::int64_t m, std::int64_t n,
                                 std::int64_t k, int sm_count) noexcept;
 std::size_t gemv_tickets(DType dt, std::int64_t n) noexcept;
+// What the op around a one-row GEMV knows of the next kernel (CudaBackend::gemm_rms_norm_gemm:
+// the o_proj, then the SwiGLU GEMV). The defaults change nothing.
+struct GemvChain {
+  bool trigger_early = false;        // let the next kernel launch before this one's wait
+  std::int64_t pdl_max_bytes = -1;   // PDL up to this weight size instead of pdl_gemv_max_bytes(); -1: the rule
+};
 void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void* out,
                  std::int64_t ldo, const void* a, const void* w, const void* bias, float beta,
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
-                 unsigned* tickets);
+                 unsigned* tickets, const GemvChain& chain = {});
 
 // Launch-shape overrides of the out_in GEMVs (0 = the measured default, warps_per_column in
 // gemv.cu): warps per output column, 1, 2, 4 or 8, without and with the norm prologue; old_split:
@@ -157,7 +163,17 @@ struct GemvTuning {
   // complete (griddepcontrol.wait): the same results. Measured (docs/benchmarks.md, "Batch-1
   // decode of Qwen3-1.7B: a CUPTI profile"): 1 gains on Qwen3-0.6B (b1 +1.2%), loses on GPT-2
   // (-3.4%) and does nothing for Qwen3-1.7B, whose 50 MB gate|up launches plainly; so off.
+  // 4: only the bulk GEMV whose next kernel is the SwiGLU GEMV (the o_proj of
+  // Backend::gemm_rms_norm_gemm at one row; GPT-2 runs no such op), see swiglu_pdl_mb.
   int early_trigger = 0;
+  // swiglu_pdl_mb (XSERV_CUDA_GEMV_SWIGLU_PDL_MB, opt-in): the RMSNorm + gate|up + SwiGLU GEMV
+  // that follows a residual GEMV in one op (Backend::gemm_rms_norm_gemm at one row) takes PDL up
+  // to this many MB of weight instead of pdl_gemv_max_bytes(): Qwen3-1.7B's 50 MB gate|up, the one
+  // 1.7B GEMV past the 32 MB rule, whose start otherwise waits for the o_proj's completion and then
+  // a DRAM round trip before its first bytes. 0: the rule. With early_trigger bit 4 (the bulk
+  // GEMV of that op, the o_proj, lets it launch before its own wait, and no other bulk GEMV does),
+  // its resident blocks fetch their first weights while the o_proj waits on the attention.
+  int swiglu_pdl_mb = 0;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
@@ -208,7 +224,7 @@ bool norm_gemv_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t 
 void launch_norm_gemv(cudaStream_t stream, DType dt, void* out, const void* x,
                       const void* norm_weight, float eps, const void* w, bool swiglu,
                       std::int64_t m, std::int64_t n, std::int64_t k, int sm_count,
-                      DType out_dt);
+                      DType out_dt, const GemvChain& chain = {});
 
 // The GEMV with GPT-2's LayerNorm before it and optionally GELU after it (one kernel instead of
 // two or three at decode): out[m, :] = gelu?(LayerNorm(x[m, :]) * norm_weight + norm_bias . W +
@@ -375,6 +391,10 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
 inline constexpr int sample_topk_max_k = 1024;
 inline constexpr int sample_topk_max_candidates = 4096;
 int sample_topk_candidates(std::int64_t vocab, int k_max);
+// Blocks a row of a greedy batch (k_max = 1) is split over: 64, or XSERV_CUDA_SAMPLE_GREEDY_BLOCKS
+// (read once; opt-in while measured), whose form also reads the blocks' keys with the whole last
+// block (sampling_topk.cu says why).
+int sample_greedy_blocks() noexcept;
 void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
                         void* candidates, unsigned* tickets, std::int32_t* out_ids);

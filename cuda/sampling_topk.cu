@@ -23,6 +23,11 @@
 //   to finish phase 1 (an atomic ticket it resets) takes that maximum and writes the id, and the
 //   1024-thread sort kernel and its launch between two decode steps go away. Same id: the
 //   largest key is the sort's first.
+// Greedy batches (k_max = 1) split a row over sample_greedy_blocks() blocks: 64 by default, where
+//   each thread loads ~9 logits in three dependent batches and the last block's thread 0 reads
+//   the 64 best keys alone; XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=N (opt-in, issue 12, 2026-12-05) runs
+//   N blocks (2-3 logits a thread at 256, one batch of loads) and the last block reads the keys
+//   with all its threads (greedy_finish_block). Same id: the largest key of the row either way.
 #include <cstdlib>
 #include <string_view>
 
@@ -87,13 +92,42 @@ __device__ __forceinline__ void greedy_finish(const u64* cand, unsigned* tickets
   tickets[row] = 0;
 }
 
+// greedy_finish with the whole block (called by every thread, after the block's candidate is
+// stored by thread 0): thread 0 makes the store visible and takes the ticket; in the last block
+// of the row every thread reads a share of the row's best keys from L2 and the block takes their
+// maximum, so nblk keys cost one round trip instead of thread 0's chain of loads.
+__device__ __forceinline__ void greedy_finish_block(const u64* cand, unsigned* tickets, std::int32_t* out_ids,
+                                                    int row, int nblk) {
+  __shared__ int last_sh;
+  __shared__ u64 best_w[phase1_threads / 32];
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last_sh = atomicAdd(&tickets[row], 1u) == static_cast<unsigned>(nblk - 1);
+  }
+  __syncthreads();
+  if (!last_sh) return;
+  __threadfence();
+  const u64* c = cand + static_cast<std::int64_t>(row) * nblk;
+  u64 best = 0;
+  for (int b = threadIdx.x; b < nblk; b += blockDim.x) best = max(best, __ldcg(c + b));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if ((threadIdx.x & 31) == 0) best_w[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < phase1_threads / 32; ++w) best = max(best, best_w[w]);
+    out_ids[row] = key_id(best);
+    tickets[row] = 0;
+  }
+}
+
 // Phase 1. Rows with k = 1 (greedy, or top-k 1) need only the chunk's best key: one pass, a
 // block max, and no store back unless penalties or a temperature changed the logit. Other rows
 // run the radix select by count over the adjusted logits.
 __global__ void __launch_bounds__(phase1_threads)
     topk_candidates_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
                            const std::uint32_t* counts, int k_max, bool legacy, u64* cand,
-                           unsigned* tickets, std::int32_t* out_ids) {
+                           unsigned* tickets, std::int32_t* out_ids, bool block_finish) {
   static_assert(phase1_threads == 256, "select_digit: one thread per digit");
   __shared__ unsigned bins[256];
   __shared__ unsigned warp_totals[phase1_threads / 32];
@@ -129,7 +163,8 @@ __global__ void __launch_bounds__(phase1_threads)
       for (int w = 1; w < phase1_threads / 32; ++w) best = max(best, best_sh[w]);
       out[0] = best;
     }
-    if (tickets != nullptr) greedy_finish(cand, tickets, out_ids, row, nblk);
+    if (tickets != nullptr && block_finish) greedy_finish_block(cand, tickets, out_ids, row, nblk);
+    else if (tickets != nullptr) greedy_finish(cand, tickets, out_ids, row, nblk);
     return;
   }
 
@@ -182,7 +217,8 @@ __global__ void __launch_bounds__(phase1_threads)
   // With tickets every row is greedy: only a block whose chunk is empty (k = 0) comes here.
   if (tickets != nullptr) {
     __syncthreads();
-    greedy_finish(cand, tickets, out_ids, row, nblk);
+    if (block_finish) greedy_finish_block(cand, tickets, out_ids, row, nblk);
+    else greedy_finish(cand, tickets, out_ids, row, nblk);
   }
 }
 
@@ -251,8 +287,18 @@ __global__ void __launch_bounds__(phase2_threads)
 
 }  // namespace
 
+int sample_greedy_blocks() noexcept {
+  static const int blocks = [] {
+    const char* v = std::getenv("XSERV_CUDA_SAMPLE_GREEDY_BLOCKS");
+    const int n = v ? std::atoi(v) : 0;
+    return n > 0 ? std::min(n, sample_topk_max_candidates) : 64;
+  }();
+  return blocks;
+}
+
 int sample_topk_candidates(std::int64_t vocab, int k_max) {
-  const int blocks = std::max(1, std::min<int>(64, sample_topk_max_candidates / std::max(k_max, 1)));
+  const int blocks = k_max <= 1 ? sample_greedy_blocks()
+                                : std::max(1, std::min<int>(64, sample_topk_max_candidates / std::max(k_max, 1)));
   return static_cast<int>(std::min<std::int64_t>(blocks, vocab)) * k_max;
 }
 
@@ -271,7 +317,8 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
   const bool legacy = env != nullptr && std::string_view(env) == "1";
   unsigned* one_pass = k_max == 1 && !legacy ? tickets : nullptr;
   topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
-                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand, one_pass, out_ids);
+                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand, one_pass, out_ids,
+                                                     sample_greedy_blocks() != 64);
   XSERV_CUDA_LAUNCH_CHECK();
   if (one_pass != nullptr) return;
   const std::size_t smem = static_cast<std::size_t>(n_pow2) * sizeof(u64);

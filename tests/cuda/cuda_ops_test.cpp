@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <string_view>
+#include <utility>
 
 #include "core/error.hpp"
 #include "cuda/device_arena.hpp"
@@ -806,6 +807,67 @@ TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits"
     INFO("early_trigger " << et);
     const bool same = chain(et) == base;  // tolerance 0: the same bits
     REQUIRE(same);
+  }
+}
+
+// The o_proj -> SwiGLU GEMV boundary told of its next kernel (issue 12, 2026-12-05): the one-row
+// residual GEMV and the RMSNorm + gate|up + SwiGLU GEMV as Backend::gemm_rms_norm_gemm runs them,
+// with the o_proj triggering early only there (early_trigger 4) and the gate|up under PDL past the
+// 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's 50 MB gate|up, 3072 a 25 MB
+// one that takes PDL anyway), then down_proj + residual and the next RMSNorm + q|k|v, three layers
+// deep: the same bits as the separate ops under the defaults.
+TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defaults' bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(43);
+  const std::int64_t d = 2048, qkv_n = 4096;
+  const DType dt = DType::bf16;
+  struct Reset {
+    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+  } reset;
+  for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
+    auto mk = [&](std::int64_t rows, std::int64_t cols) {
+      auto w = randn(rng, static_cast<std::size_t>(rows * cols), static_cast<float>(1.0 / std::sqrt(cols)));
+      return be.gpu_tensor(w, dt, {rows, cols});
+    };
+    const Tensor o_w = mk(d, d), gu_w = mk(2 * inner, d), down_w = mk(d, inner), qkv_w = mk(qkv_n, d);
+    auto g = randn(rng, static_cast<std::size_t>(d), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    const Tensor norm_w = be.gpu_tensor(g, dt, {d});
+    const auto x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
+    // fused: the o_proj and the gate|up through gemm_rms_norm_gemm (the only op that passes the
+    // chain on), else the two ops separately.
+    const auto chain = [&](bool fused, int early_trigger, int swiglu_pdl_mb) {
+      cuda::GemvTuning t;
+      t.early_trigger = early_trigger;
+      t.swiglu_pdl_mb = swiglu_pdl_mb;
+      cuda::gemv_tuning() = t;
+      Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
+      Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
+      Tensor h = be.gpu_poisoned(dt, {1, d}), gu = be.gpu_poisoned(dt, {1, 2 * inner});
+      for (int layer = 0; layer < 3; ++layer) {
+        if (fused) {
+          be.gpu->gemm_rms_norm_gemm(x, attn, o_w, norm_w, 1e-6f, gu_w, true, act, h, gu);
+        } else {
+          be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+          be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
+        }
+        be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+        be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
+        attn = Tensor(qkv.data, dt, {1, d}, qkv.device);  // the next layer's "attention output": q's columns
+      }
+      std::vector<float> out = be.read(x), q = be.read(qkv), a = be.read(act);
+      out.insert(out.end(), q.begin(), q.end());
+      out.insert(out.end(), a.begin(), a.end());
+      return out;
+    };
+    const std::vector<float> base = chain(false, 0, 0);
+    for (float v : base) REQUIRE(std::isfinite(v));
+    for (const auto& [et, mb] : {std::pair{0, 0}, std::pair{4, 0}, std::pair{0, 64}, std::pair{4, 64}, std::pair{5, 64}}) {
+      INFO("inner " << inner << " early_trigger " << et << " swiglu_pdl_mb " << mb);
+      const bool same = chain(true, et, mb) == base;  // tolerance 0: the same bits
+      REQUIRE(same);
+    }
   }
 }
 
