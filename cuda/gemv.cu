@@ -902,7 +902,8 @@ GemvTuning tuning_from_env() noexcept {
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
   t.norm_early_w = on("XSERV_CUDA_GEMV_NORM_EARLY_W");
   t.resid_prefetch = on("XSERV_CUDA_GEMV_RESID_PREFETCH");
-  t.early_trigger = get("XSERV_CUDA_GEMV_EARLY_TRIGGER");
+  // Unset: bit 4 (measured, see kernels.hpp); any value, "0" included, replaces it.
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_EARLY_TRIGGER")) t.early_trigger = std::atoi(v);
   t.swiglu_pdl_mb = get("XSERV_CUDA_GEMV_SWIGLU_PDL_MB");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);

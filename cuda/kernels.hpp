@@ -154,7 +154,7 @@ struct GemvTuning {
   // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
   // the small Qwen3 models").
   bool resid_prefetch = true;
-  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; opt-in): the one-row GEMVs let the next
+  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; default 4): the one-row GEMVs let the next
   // kernel launch (griddepcontrol.launch_dependents) before their own dependency wait instead of
   // after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register and persistent
   // kernels: q|k|v, gate|up). The o_proj waits on the decode attention with its weight already in
@@ -164,8 +164,12 @@ struct GemvTuning {
   // decode of Qwen3-1.7B: a CUPTI profile"): 1 gains on Qwen3-0.6B (b1 +1.2%), loses on GPT-2
   // (-3.4%) and does nothing for Qwen3-1.7B, whose 50 MB gate|up launches plainly; so off.
   // 4: only the bulk GEMV whose next kernel is the SwiGLU GEMV (the o_proj of
-  // Backend::gemm_rms_norm_gemm at one row; GPT-2 runs no such op), see swiglu_pdl_mb.
-  int early_trigger = 0;
+  // Backend::gemm_rms_norm_gemm at one row; GPT-2 runs no such op), see swiglu_pdl_mb. The
+  // default: where that gate|up takes PDL (Qwen3-0.6B's 12.6 MB; not the 1.7B's 50 MB or the 8B's
+  // 201 MB under the 32 MB rule) it fetches while the o_proj waits: Qwen3-0.6B b1 1318 -> 1343 and
+  // 1319 -> 1349 tok/s in two interleaved passes (H100, 2026-12-05, docs/benchmarks.md, "The
+  // o_proj -> gate|up boundary alone"); with swiglu_pdl_mb = 64 the 1.7B lost 1.5%.
+  int early_trigger = 4;
   // swiglu_pdl_mb (XSERV_CUDA_GEMV_SWIGLU_PDL_MB, opt-in): the RMSNorm + gate|up + SwiGLU GEMV
   // that follows a residual GEMV in one op (Backend::gemm_rms_norm_gemm at one row) takes PDL up
   // to this many MB of weight instead of pdl_gemv_max_bytes(): Qwen3-1.7B's 50 MB gate|up, the one
