@@ -760,112 +760,98 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
   }
 }
 
-// The opt-in launch forms of 2026-12-04 (issue 12) on a chain of one-row GEMVs as a Qwen3 decode
-// layer runs them under programmatic dependent launch (o_proj + residual on the bulk kernel, the
-// RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual, the RMSNorm + q|k|v GEMV; three times
-// over): early_trigger (the bulk GEMVs, and with 3 also the norm GEMVs, let the next kernel launch
-// before their own wait) must give the defaults' bits.
-TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits", "[cuda]") {
-  XSERV_REQUIRE_CUDA_DEVICE();
-  GpuCpu be;
-  std::mt19937 rng(41);
-  const std::int64_t d = 2048, inner = 3072, qkv_n = 4096;
-  const DType dt = DType::bf16;
-  auto mk = [&](std::int64_t rows, std::int64_t cols) {
-    auto w = randn(rng, static_cast<std::size_t>(rows * cols), static_cast<float>(1.0 / std::sqrt(cols)));
-    return be.gpu_tensor(w, dt, {rows, cols});
-  };
-  const Tensor o_w = mk(d, d), gu_w = mk(2 * inner, d), down_w = mk(d, inner), qkv_w = mk(qkv_n, d);
-  auto g = randn(rng, static_cast<std::size_t>(d), 0.1f);
-  for (auto& v : g) v += 1.0f;
-  const Tensor norm_w = be.gpu_tensor(g, dt, {d});
-  const auto x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
-  struct Reset {
-    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
-  } reset;
-  const auto chain = [&](int early_trigger) {
+// A chain of one-row GEMVs as a Qwen3 decode layer runs them under programmatic dependent launch
+// (o_proj + residual on the bulk kernel, the RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual,
+// the RMSNorm + q|k|v GEMV; three layers deep), bf16 at d 2048: run(fused, early_trigger,
+// swiglu_pdl_mb) returns x, q|k|v and the SwiGLU output after the last layer. fused: the o_proj
+// and the gate|up through gemm_rms_norm_gemm (the only op that passes a GemvChain on), else the
+// two ops separately. The launch forms must not change a bit.
+namespace {
+
+struct OneRowGemvChain {
+  static constexpr std::int64_t d = 2048, qkv_n = 4096;
+  static constexpr DType dt = DType::bf16;
+  GpuCpu& be;
+  std::int64_t inner;
+  Tensor o_w, gu_w, down_w, qkv_w, norm_w;
+  std::vector<float> x0, attn0;
+
+  OneRowGemvChain(GpuCpu& backends, std::mt19937& rng, std::int64_t inner_dim) : be(backends), inner(inner_dim) {
+    auto mk = [&](std::int64_t rows, std::int64_t cols) {
+      auto w = randn(rng, static_cast<std::size_t>(rows * cols), static_cast<float>(1.0 / std::sqrt(cols)));
+      return be.gpu_tensor(w, dt, {rows, cols});
+    };
+    o_w = mk(d, d), gu_w = mk(2 * inner, d), down_w = mk(d, inner), qkv_w = mk(qkv_n, d);
+    auto g = randn(rng, static_cast<std::size_t>(d), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    norm_w = be.gpu_tensor(g, dt, {d});
+    x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
+  }
+  std::vector<float> run(bool fused, int early_trigger, int swiglu_pdl_mb) {
     cuda::GemvTuning t;
     t.early_trigger = early_trigger;
+    t.swiglu_pdl_mb = swiglu_pdl_mb;
     cuda::gemv_tuning() = t;
     Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
     Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
     Tensor h = be.gpu_poisoned(dt, {1, d}), gu = be.gpu_poisoned(dt, {1, 2 * inner});
     for (int layer = 0; layer < 3; ++layer) {
-      be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
-      be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
+      if (fused) {
+        be.gpu->gemm_rms_norm_gemm(x, attn, o_w, norm_w, 1e-6f, gu_w, true, act, h, gu);
+      } else {
+        be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+        be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
+      }
       be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
       be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
       attn = Tensor(qkv.data, dt, {1, d}, qkv.device);  // the next layer's "attention output": q's columns
     }
-    std::vector<float> out = be.read(x), q = be.read(qkv);
+    std::vector<float> out = be.read(x), q = be.read(qkv), a = be.read(act);
     out.insert(out.end(), q.begin(), q.end());
+    out.insert(out.end(), a.begin(), a.end());
     return out;
-  };
-  const std::vector<float> base = chain(0);
+  }
+};
+
+struct ResetGemvTuning {
+  ~ResetGemvTuning() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
+};
+
+}  // namespace
+
+// The opt-in launch forms of 2026-12-04 (issue 12): early_trigger (the bulk GEMVs, and with 3 also
+// the norm GEMVs, let the next kernel launch before their own wait) gives the bits of none.
+TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(41);
+  ResetGemvTuning reset;
+  OneRowGemvChain c(be, rng, 3072);
+  const std::vector<float> base = c.run(false, 0, 0);
   for (float v : base) REQUIRE(std::isfinite(v));
   for (int et : {1, 2, 3}) {
     INFO("early_trigger " << et);
-    const bool same = chain(et) == base;  // tolerance 0: the same bits
+    const bool same = c.run(false, et, 0) == base;  // tolerance 0: the same bits
     REQUIRE(same);
   }
 }
 
-// The o_proj -> SwiGLU GEMV boundary told of its next kernel (issue 12, 2026-12-05): the one-row
-// residual GEMV and the RMSNorm + gate|up + SwiGLU GEMV as Backend::gemm_rms_norm_gemm runs them,
-// with the o_proj triggering early only there (early_trigger 4) and the gate|up under PDL past the
-// 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's 50 MB gate|up, 3072 a 25 MB
-// one that takes PDL anyway), then down_proj + residual and the next RMSNorm + q|k|v, three layers
-// deep: the same bits as the separate ops under the defaults.
+// The o_proj -> SwiGLU GEMV boundary told of its next kernel (issue 12, 2026-12-05): through
+// gemm_rms_norm_gemm, the o_proj triggering early only there (early_trigger 4, the default) and
+// the gate|up under PDL past the 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's
+// 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway): the bits of the separate ops with none.
 TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defaults' bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(43);
-  const std::int64_t d = 2048, qkv_n = 4096;
-  const DType dt = DType::bf16;
-  struct Reset {
-    ~Reset() { cuda::gemv_tuning() = cuda::GemvTuning{}; }
-  } reset;
+  ResetGemvTuning reset;
   for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
-    auto mk = [&](std::int64_t rows, std::int64_t cols) {
-      auto w = randn(rng, static_cast<std::size_t>(rows * cols), static_cast<float>(1.0 / std::sqrt(cols)));
-      return be.gpu_tensor(w, dt, {rows, cols});
-    };
-    const Tensor o_w = mk(d, d), gu_w = mk(2 * inner, d), down_w = mk(d, inner), qkv_w = mk(qkv_n, d);
-    auto g = randn(rng, static_cast<std::size_t>(d), 0.1f);
-    for (auto& v : g) v += 1.0f;
-    const Tensor norm_w = be.gpu_tensor(g, dt, {d});
-    const auto x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
-    // fused: the o_proj and the gate|up through gemm_rms_norm_gemm (the only op that passes the
-    // chain on), else the two ops separately.
-    const auto chain = [&](bool fused, int early_trigger, int swiglu_pdl_mb) {
-      cuda::GemvTuning t;
-      t.early_trigger = early_trigger;
-      t.swiglu_pdl_mb = swiglu_pdl_mb;
-      cuda::gemv_tuning() = t;
-      Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
-      Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
-      Tensor h = be.gpu_poisoned(dt, {1, d}), gu = be.gpu_poisoned(dt, {1, 2 * inner});
-      for (int layer = 0; layer < 3; ++layer) {
-        if (fused) {
-          be.gpu->gemm_rms_norm_gemm(x, attn, o_w, norm_w, 1e-6f, gu_w, true, act, h, gu);
-        } else {
-          be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
-          be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
-        }
-        be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
-        be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
-        attn = Tensor(qkv.data, dt, {1, d}, qkv.device);  // the next layer's "attention output": q's columns
-      }
-      std::vector<float> out = be.read(x), q = be.read(qkv), a = be.read(act);
-      out.insert(out.end(), q.begin(), q.end());
-      out.insert(out.end(), a.begin(), a.end());
-      return out;
-    };
-    const std::vector<float> base = chain(false, 0, 0);
+    OneRowGemvChain c(be, rng, inner);
+    const std::vector<float> base = c.run(false, 0, 0);
     for (float v : base) REQUIRE(std::isfinite(v));
     for (const auto& [et, mb] : {std::pair{0, 0}, std::pair{4, 0}, std::pair{0, 64}, std::pair{4, 64}, std::pair{5, 64}}) {
       INFO("inner " << inner << " early_trigger " << et << " swiglu_pdl_mb " << mb);
-      const bool same = chain(true, et, mb) == base;  // tolerance 0: the same bits
+      const bool same = c.run(true, et, mb) == base;  // tolerance 0: the same bits
       REQUIRE(same);
     }
   }
