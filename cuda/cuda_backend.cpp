@@ -911,11 +911,26 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
     // As Backend::gemm_rms_norm_gemm: the residual GEMM, then the norm GEMV. Ahead of the SwiGLU
     // GEMV (the o_proj, then RMSNorm + gate|up + SwiGLU) the one-row GEMVs may be told so
     // (XSERV_CUDA_GEMV_EARLY_TRIGGER bit 4, XSERV_CUDA_GEMV_SWIGLU_PDL_MB: GemvTuning says why).
+    // The o_proj may also ask the gate|up's first MB into L2, the gate rows' and the up rows'
+    // first (XSERV_CUDA_GEMV_L2_NEXT_MB: GemvTuning::l2_next_mb says where and why).
     GemvChain res_chain, norm_chain;
     if (swiglu) {
       const GemvTuning& tune = gemv_tuning();
       res_chain.trigger_early = (tune.early_trigger & 4) != 0;
       if (tune.swiglu_pdl_mb > 0) norm_chain.pdl_max_bytes = std::int64_t{tune.swiglu_pdl_mb} << 20;
+      const std::int64_t w_bytes = ranks_ok ? rows * w.shape[1] * static_cast<std::int64_t>(dtype_size(w.dtype)) : 0;
+      std::int64_t l2_bytes = 0;
+      if (tune.l2_next_mb > 0) {
+        l2_bytes = std::int64_t{tune.l2_next_mb} << 20;
+      } else if (tune.l2_next_mb < 0 && !gemv_launches_pdl(w_bytes, norm_chain)) {  // the default rule
+        l2_bytes = std::int64_t{6} << 20;
+        res_chain.l2_next_if_held = true;
+      }
+      if (l2_bytes > 0 && rows % 2 == 0) {
+        res_chain.l2_next = w.data;
+        res_chain.l2_next_bytes = std::min(w_bytes / 2, l2_bytes / 2);
+        res_chain.l2_next_second = w_bytes / 2;
+      }
     }
     gemm_chained(x, a, w_res, WeightLayout::out_in, {}, 1.0f, 0, res_chain);
     rms_norm_gemm_chained(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch, norm_chain);

@@ -102,6 +102,9 @@ struct OutInArgs {
   bool norm_early_w = false;  // Norm: the norm weight loaded before the dependency wait (GemvTuning::norm_early_w)
   bool resid_prefetch = false;  // bulk kernel: the first row's residual asked into L2 before the wait
   bool early_trigger = false;   // the next kernel may launch before this one's wait (GemvTuning::early_trigger)
+  const unsigned char* l2_next = nullptr;  // bulk kernel: GemvChain::l2_next
+  std::int64_t l2_next_bytes = 0, l2_next_second = 0;
+  bool l2_next_before = false;  // bulk kernel: l2_next asked before the wait (GemvTuning::l2_next_before)
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -535,6 +538,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
+// Asks [p, p + bytes) into L2 (one bulk prefetch; p and bytes multiples of 16).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// Part `part` of `parts` near-equal 16-byte-aligned slices of [base, base + bytes), into L2.
+__device__ __forceinline__ void prefetch_slice_l2(const unsigned char* base, std::int64_t bytes, int part, int parts) {
+  const std::int64_t units = bytes / 16;
+  const std::int64_t lo = units * part / parts, hi = units * (part + 1) / parts;
+  if (hi > lo) bulk_prefetch_l2(base + lo * 16, static_cast<unsigned>((hi - lo) * 16));
+}
+
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -620,6 +637,16 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     // The weights do not depend on the previous kernel: the ring fills before the wait.
     for (int i = 0; i < min(items, bulk_stages); ++i) issue(i);
   }
+  // l2_next: the next kernel's first weights, a slice a warp (lane 0), once the activation row is
+  // read (so that the traffic delays neither the previous kernel's last reads nor this one's), or
+  // with l2_next_before behind this warp's own first copies.
+  auto prefetch_next = [&] {
+    if (lane == 0 && p.l2_next_bytes > 0) {
+      prefetch_slice_l2(p.l2_next, p.l2_next_bytes, gw, total_warps);
+      if (p.l2_next_second > 0) prefetch_slice_l2(p.l2_next + p.l2_next_second, p.l2_next_bytes, gw, total_warps);
+    }
+  };
+  if (p.l2_next_before) prefetch_next();
   __syncwarp();
   OutT* const out = static_cast<OutT*>(p.out);
   // early_out: lane 0 reads its next row's bias and previous output ahead, so the loads overlap
@@ -648,6 +675,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     __syncthreads();
     act_row = reinterpret_cast<const unsigned char*>(s_act);
   }
+  if (!p.l2_next_before) prefetch_next();
 
   constexpr int V = vec_of<T>;
   float acc = 0.0f;
@@ -726,6 +754,15 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, co
   // is small), at most one row a warp.
   const int per_sm = fits_two(smem) ? 2 : 1;
   const int blocks = std::min((p.n + warps - 1) / warps, per_sm * sm_count);
+  // Each warp's (row, chunk) items; at most bulk_stages: the whole weight is in flight before the wait.
+  const int row_items = (p.k * static_cast<int>(sizeof(T)) + bulk_chunk - 1) / bulk_chunk;
+  const bool held = (p.n + blocks * warps - 1) / (blocks * warps) * row_items <= bulk_stages;
+  if (chain.l2_next && (held || !chain.l2_next_if_held)) {
+    p.l2_next = static_cast<const unsigned char*>(chain.l2_next);
+    p.l2_next_bytes = chain.l2_next_bytes & ~std::int64_t{15};
+    p.l2_next_second = chain.l2_next_second;
+    p.l2_next_before = tune.l2_next_before;
+  }
   const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)), chain);
   if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
   else launch_kernel(pdl, gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
@@ -884,7 +921,8 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
 }
 
 // XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER and _SWIGLU_PDL_MB: see gemv_tuning()
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _SWIGLU_PDL_MB, _L2_NEXT_MB and
+// _L2_NEXT_AT: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -905,6 +943,8 @@ GemvTuning tuning_from_env() noexcept {
   // Unset: bit 4 (measured, see kernels.hpp); any value, "0" included, replaces it.
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_EARLY_TRIGGER")) t.early_trigger = std::atoi(v);
   t.swiglu_pdl_mb = get("XSERV_CUDA_GEMV_SWIGLU_PDL_MB");
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_L2_NEXT_MB")) t.l2_next_mb = std::atoi(v);
+  if (const char* v = std::getenv("XSERV_CUDA_GEMV_L2_NEXT_AT")) t.l2_next_before = std::atoi(v) == 0;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -1121,6 +1161,10 @@ __global__ void __launch_bounds__(256) read_probe_kernel(const uint4* p, std::si
 }
 
 }  // namespace
+
+bool gemv_launches_pdl(std::int64_t weight_bytes, const GemvChain& chain) noexcept {
+  return gemv_pdl(weight_bytes, chain);
+}
 
 void launch_read_probe(cudaStream_t stream, const void* p, std::size_t bytes, unsigned* sink, int blocks) {
   read_probe_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);

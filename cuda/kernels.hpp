@@ -97,7 +97,19 @@ std::size_t gemv_tickets(DType dt, std::int64_t n) noexcept;
 struct GemvChain {
   bool trigger_early = false;        // let the next kernel launch before this one's wait
   std::int64_t pdl_max_bytes = -1;   // PDL up to this weight size instead of pdl_gemv_max_bytes(); -1: the rule
+  // The bulk GEMV asks these bytes into L2 before its own dependency wait, after its ring's first
+  // copies: [l2_next, l2_next + l2_next_bytes) and, with l2_next_second > 0, the same length from
+  // l2_next + l2_next_second (the first rows of a gate|up's gate and up halves, in the order
+  // its blocks read them). A hint only: no result depends on it (GemvTuning::l2_next_mb).
+  const void* l2_next = nullptr;
+  std::int64_t l2_next_bytes = 0;
+  std::int64_t l2_next_second = 0;
+  // Only if this GEMV's blocks hold their whole weight in their rings before the wait (so that
+  // after it DRAM idles through the products): the default rule of GemvTuning::l2_next_mb.
+  bool l2_next_if_held = false;
 };
+// Whether a one-row GEMV of weight_bytes launches with programmatic dependent launch under chain.
+bool gemv_launches_pdl(std::int64_t weight_bytes, const GemvChain& chain = {}) noexcept;
 void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void* out,
                  std::int64_t ldo, const void* a, const void* w, const void* bias, float beta,
                  std::int64_t m, std::int64_t n, std::int64_t k, int sm_count, float* partial,
@@ -178,6 +190,27 @@ struct GemvTuning {
   // GEMV of that op, the o_proj, lets it launch before its own wait, and no other bulk GEMV does),
   // its resident blocks fetch their first weights while the o_proj waits on the attention.
   int swiglu_pdl_mb = 0;
+  // l2_next_mb (XSERV_CUDA_GEMV_L2_NEXT_MB): the o_proj of Backend::gemm_rms_norm_gemm at one
+  // row (a bulk GEMV) asks the first N MB of the gate|up weight that follows it into L2 (half
+  // from the gate rows, half from the up rows, the order its blocks read them: GemvChain::l2_next)
+  // once it has passed its wait and read the activation row. Where the o_proj's rings hold its
+  // whole weight before the wait (Qwen3-1.7B's 8.4 MB; not the 8B's 33.5 MB, which still
+  // streams after it), DRAM idles through its ~2.5 us of products and the gate|up's plain launch;
+  // the gate|up's first wave then starts from L2. -1 (default): 6 MB, only there and only ahead
+  // of a gate|up that launches plainly (a PDL-launched one, Qwen3-0.6B's, is resident and
+  // fetching already: it lost 3.6% with 12 MB); 0: off; N > 0: N MB wherever the op runs the
+  // bulk GEMV (for comparisons). Measured on an H100 (2026-12-05, docs/benchmarks.md, "The
+  // gate|up's first MB into L2"): Qwen3-1.7B b1 704-705 -> 720.7-720.8 tok/s (+2.3%) with 6 MB,
+  // +1.7-1.9% with 8, +1.5% with 4, +1.3% with 10, +0.4% with 12 and 16 (the o_proj's
+  // completion then waits on its prefetches: its end moved +1.5 us at 12 MB). Not measured on an
+  // H200, whose faster DRAM may fit more in the same window.
+  // l2_next_before (XSERV_CUDA_GEMV_L2_NEXT_AT=0): before the o_proj's wait instead, as first
+  // tried: it lengthened the decode attention's post-wait chain by ~1.9 us while the gate|up
+  // gained ~1.4 us (16 MB; +0.4% at 8 MB). Earlier L2 prefetches lost too (docs/benchmarks.md):
+  // a side stream's during the three-kernel attention, and every GEMV's of its own weights
+  // before its wait, which fetched while the previous GEMV still streamed.
+  int l2_next_mb = -1;
+  bool l2_next_before = false;
 };
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte

@@ -58,7 +58,7 @@ def main(path, show_steps, top, all_steps=False, last_prefill=False, order=False
                 gpu.append((s, e, r["kind"], int(r["grid_x"]), r["grid_y"], r["grid_z"], r["name"],
                             int(r["graph_id"])))
     gpu.sort()
-    emb = [i for i, g in enumerate(gpu) if g[2] == "kernel" and "embedding_kernel" in g[6]]
+    emb = [i for i, g in enumerate(gpu) if g[2] == "kernel" and re.search(r"embedding(_vec)?_kernel", g[6])]
     if len(emb) < 3:
         raise SystemExit(f"{len(emb)} embedding kernels in {path}")
     small = [] if all_steps else [k for k, i in enumerate(emb) if gpu[i][3] <= 4]

@@ -763,9 +763,10 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
 // A chain of one-row GEMVs as a Qwen3 decode layer runs them under programmatic dependent launch
 // (o_proj + residual on the bulk kernel, the RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual,
 // the RMSNorm + q|k|v GEMV; three layers deep), bf16 at d 2048: run(fused, early_trigger,
-// swiglu_pdl_mb) returns x, q|k|v and the SwiGLU output after the last layer. fused: the o_proj
-// and the gate|up through gemm_rms_norm_gemm (the only op that passes a GemvChain on), else the
-// two ops separately. The launch forms must not change a bit.
+// swiglu_pdl_mb, l2_next_mb, l2_next_before) returns x, q|k|v and the SwiGLU output
+// after the last layer. fused: the o_proj and the gate|up, and the down_proj and the next q|k|v,
+// through gemm_rms_norm_gemm (the only op that passes a GemvChain on), else each pair as two
+// separate ops. The launch forms must not change a bit.
 namespace {
 
 struct OneRowGemvChain {
@@ -787,10 +788,13 @@ struct OneRowGemvChain {
     norm_w = be.gpu_tensor(g, dt, {d});
     x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
   }
-  std::vector<float> run(bool fused, int early_trigger, int swiglu_pdl_mb) {
+  std::vector<float> run(bool fused, int early_trigger, int swiglu_pdl_mb, int l2_next_mb = 0,
+                         bool l2_next_before = false) {
     cuda::GemvTuning t;
     t.early_trigger = early_trigger;
     t.swiglu_pdl_mb = swiglu_pdl_mb;
+    t.l2_next_mb = l2_next_mb;
+    t.l2_next_before = l2_next_before;
     cuda::gemv_tuning() = t;
     Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
     Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
@@ -802,8 +806,12 @@ struct OneRowGemvChain {
         be.gpu->gemm(x, attn, o_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
         be.gpu->rms_norm_gemm(act, x, norm_w, 1e-6f, gu_w, true, h, gu);
       }
-      be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
-      be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
+      if (fused) {
+        be.gpu->gemm_rms_norm_gemm(x, act, down_w, norm_w, 1e-6f, qkv_w, false, qkv, h, Tensor());
+      } else {
+        be.gpu->gemm(x, act, down_w, WeightLayout::out_in, Tensor(), 1.0f, 0);
+        be.gpu->rms_norm_gemm(qkv, x, norm_w, 1e-6f, qkv_w, false, h, Tensor());
+      }
       attn = Tensor(qkv.data, dt, {1, d}, qkv.device);  // the next layer's "attention output": q's columns
     }
     std::vector<float> out = be.read(x), q = be.read(qkv), a = be.read(act);
@@ -839,19 +847,32 @@ TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits"
 // The o_proj -> SwiGLU GEMV boundary told of its next kernel (issue 12, 2026-12-05): through
 // gemm_rms_norm_gemm, the o_proj triggering early only there (early_trigger 4, the default) and
 // the gate|up under PDL past the 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's
-// 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway): the bits of the separate ops with none.
+// 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway), and the o_proj asking the gate|up's first
+// MB into L2 after or before its wait (l2_next_mb: -1 the default rule, which takes 6144, and
+// l2_next_before, 2026-12-05; 1024 is more than either weight: clamped to it): the bits of the
+// separate ops with none.
 TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defaults' bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(43);
   ResetGemvTuning reset;
+  struct Form {
+    int early_trigger, swiglu_pdl_mb, l2_next_mb;
+    bool l2_next_before;
+  };
+  const Form forms[] = {{0, 0, 0, false},  {4, 0, 0, false},  {0, 64, 0, false},  {4, 64, 0, false},
+                        {5, 64, 0, false}, {4, 0, -1, false}, {4, 0, 16, true},   {0, 0, 1024, false},
+                        {4, 64, 8, false}, {0, 0, 1024, true}, {4, 64, -1, false}};
   for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
     OneRowGemvChain c(be, rng, inner);
     const std::vector<float> base = c.run(false, 0, 0);
     for (float v : base) REQUIRE(std::isfinite(v));
-    for (const auto& [et, mb] : {std::pair{0, 0}, std::pair{4, 0}, std::pair{0, 64}, std::pair{4, 64}, std::pair{5, 64}}) {
-      INFO("inner " << inner << " early_trigger " << et << " swiglu_pdl_mb " << mb);
-      const bool same = c.run(true, et, mb) == base;  // tolerance 0: the same bits
+    for (const Form& f : forms) {
+      INFO("inner " << inner << " early_trigger " << f.early_trigger << " swiglu_pdl_mb " << f.swiglu_pdl_mb
+                    << " l2_next_mb " << f.l2_next_mb << " before " << f.l2_next_before);
+      // tolerance 0: the same bits
+      const bool same =
+          c.run(true, f.early_trigger, f.swiglu_pdl_mb, f.l2_next_mb, f.l2_next_before) == base;
       REQUIRE(same);
     }
   }
