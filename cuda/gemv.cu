@@ -757,7 +757,8 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, co
   // Each warp's (row, chunk) items; at most bulk_stages: the whole weight is in flight before the wait.
   const int row_items = (p.k * static_cast<int>(sizeof(T)) + bulk_chunk - 1) / bulk_chunk;
   const bool held = (p.n + blocks * warps - 1) / (blocks * warps) * row_items <= bulk_stages;
-  if (chain.l2_next && (held || !chain.l2_next_if_held)) {
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(chain.l2_next) | static_cast<std::uintptr_t>(chain.l2_next_second)) % 16 == 0;
+  if (chain.l2_next && aligned && (held || !chain.l2_next_if_held)) {
     p.l2_next = static_cast<const unsigned char*>(chain.l2_next);
     p.l2_next_bytes = chain.l2_next_bytes & ~std::int64_t{15};
     p.l2_next_second = chain.l2_next_second;

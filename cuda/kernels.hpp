@@ -97,10 +97,12 @@ std::size_t gemv_tickets(DType dt, std::int64_t n) noexcept;
 struct GemvChain {
   bool trigger_early = false;        // let the next kernel launch before this one's wait
   std::int64_t pdl_max_bytes = -1;   // PDL up to this weight size instead of pdl_gemv_max_bytes(); -1: the rule
-  // The bulk GEMV asks these bytes into L2 before its own dependency wait, after its ring's first
-  // copies: [l2_next, l2_next + l2_next_bytes) and, with l2_next_second > 0, the same length from
-  // l2_next + l2_next_second (the first rows of a gate|up's gate and up halves, in the order
-  // its blocks read them). A hint only: no result depends on it (GemvTuning::l2_next_mb).
+  // The bulk GEMV asks these bytes into L2 after its own dependency wait and its read of the
+  // activation row (before the wait with GemvTuning::l2_next_before): [l2_next, l2_next +
+  // l2_next_bytes) and, with l2_next_second > 0, the same length from l2_next + l2_next_second
+  // (the first rows of a gate|up's gate and up halves, in the order its blocks read them). A hint
+  // only: no result depends on it; skipped unless both starts are 16-byte aligned, as bulk
+  // prefetches need (GemvTuning::l2_next_mb).
   const void* l2_next = nullptr;
   std::int64_t l2_next_bytes = 0;
   std::int64_t l2_next_second = 0;
