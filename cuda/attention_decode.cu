@@ -1119,6 +1119,17 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   }
 
   grid_dependency_wait();
+  // params.l2_next (the o_proj's weight) into L2, a slice a warp, once the warp's own loads of
+  // the step are out: after the wait only this kernel's arithmetic and a few KB of q/k/v rows
+  // remain, so DRAM would idle until the o_proj's blocks (which cannot become resident beside
+  // this kernel's) start their own round trips.
+  const auto ask_next = [&] {
+    if (lane == 0 && params.l2_next.bytes > 0)
+      prefetch_slice_l2(static_cast<const unsigned char*>(params.l2_next.data), params.l2_next.bytes,
+                        (blockIdx.y * gridDim.x + blockIdx.x) * short_warps + warp,
+                        gridDim.x * gridDim.y * short_warps);
+  };
+  if (mine == 0) ask_next();
 
   const int g = lane >> 2, t4 = lane & 3;
   unsigned qf[ksteps][2];
@@ -1169,6 +1180,7 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
       }
     }
     __syncwarp();  // q (and the own k/v) visible to the warp's lanes
+    ask_next();
 #pragma unroll
     for (int k = 0; k < ksteps; ++k) {
       qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_q[g * D + 16 * k + 2 * t4]) : 0u;
@@ -1682,7 +1694,7 @@ void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams&
     // The mma kernel merges its splits itself and needs the tickets for that; without them
     // (a caller that did not provide any) the tile kernel and its merge take the same splits.
     if (use_mma() && (p.num_splits == 1 || p.tickets != nullptr)) {
-      const QkAttentionParams qp{p, {}};
+      const QkAttentionParams qp{p, {}, true, {}};
       if (p.head_dim == 64)
         launch_mma_dim<64, false>(stream, qp);
       else

@@ -134,6 +134,24 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// ---- Asking the next kernel's weights into L2 (cp.async.bulk.prefetch, sm_90) -----------------
+// A kernel whose own work leaves DRAM idle (it waits on the one before, or computes from what it
+// already holds) can ask the next kernel's weight into L2, so that kernel starts on L2 hits
+// instead of a DRAM round trip (GemvChain::l2_next, QkAttentionParams::l2_next).
+// One bulk prefetch of [p, p + bytes): p and bytes multiples of 16 (a misaligned address faults).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// Part `part` of `parts` near-equal 16-byte-aligned slices of [base, base + bytes), into L2.
+__device__ __forceinline__ void prefetch_slice_l2(const unsigned char* base, std::int64_t bytes, int part, int parts) {
+  const std::int64_t units = bytes / 16;
+  const std::int64_t lo = units * part / parts, hi = units * (part + 1) / parts;
+  if (hi > lo) bulk_prefetch_l2(base + lo * 16, static_cast<unsigned>((hi - lo) * 16));
+}
+
 // The sequence a packed-batch row belongs to: the last sequence whose first row (query_start,
 // num_seqs + 1 entries) is <= row, so sequences with no rows are skipped.
 __device__ __forceinline__ int find_sequence(const std::int32_t* query_start, int num_seqs, int row) {

@@ -34,6 +34,7 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/thread_pool.hpp"
 #include "cuda/cuda_check.hpp"
@@ -170,6 +171,8 @@ class CudaBackend final : public Backend {
                  const DeviceBatch& batch, const KvLayer& cache, float scale) override;
   void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                     const DeviceBatch& batch, KvLayer cache, float scale) override;
+  void prefetch_next(const Tensor& w) override { next_weight_ = w; }
+  std::int64_t attention_l2_next_bytes(const Tensor& w, std::int64_t rows) const;
   void gelu(Tensor x) override;
   void swiglu(Tensor out, const Tensor& gate_up) override;
   void gather_rows(Tensor out, const Tensor& x, const Tensor& rows) override;
@@ -190,7 +193,8 @@ class CudaBackend final : public Backend {
   void gemm_chained(Tensor out, const Tensor& a, const Tensor& w, WeightLayout layout, const Tensor& bias,
                     float beta, std::int64_t out_row_stride, const GemvChain& chain);
   void rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
-                             bool swiglu, Tensor h_scratch, Tensor y_scratch, const GemvChain& chain);
+                             bool swiglu, Tensor h_scratch, Tensor y_scratch, const GemvChain& chain,
+                             L2Prefetch skinny_next = {});
   // Enqueues sampling into ids_dev (null: the staging area's own ids) and the ids' copy to the
   // host; returns the slot (index into sample_slots_) that wait_slot reads.
   std::size_t enqueue_sample(Tensor logits, const SamplingBatch& params, std::int32_t* ids_dev);
@@ -222,6 +226,8 @@ class CudaBackend final : public Backend {
   int device_index_;
   std::string name_;
   int sm_count_ = 0;
+  std::int64_t l2_bytes_ = 0;  // the device's L2 cache
+  Tensor next_weight_;         // prefetch_next's hint, taken (and cleared) by qk_attention
   cudaStream_t stream_ = nullptr;
   DeviceArena weights_;
   DeviceArena work_;
@@ -319,6 +325,9 @@ class CudaBackend final : public Backend {
   // XSERV_CUDA_SKINNY_STATS=block: every block of the fused kernel computes the row statistics
   // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
   bool skinny_block_stats_ = false;
+  // XSERV_CUDA_SKINNY_L2_NEXT_MB=N: gemm_rms_norm_gemm's skinny SwiGLU GEMM asks the first N MB of
+  // the next op's weight (prefetch_next: the down_proj) into L2 after its loads (opt-in).
+  int skinny_l2_next_mb_ = 0;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // gemm_rms_norm_gemm at rows past the skinny kernel's and up to resid_max_rows: the residual
   // GEMM as XSERV_CUDA_RESID_SPLITS parts of K on cuBLASLt (Gemm::run_split_k, no reduce kernel)
@@ -356,6 +365,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   cudaDeviceProp prop{};
   XSERV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index_));
   sm_count_ = prop.multiProcessorCount;
+  l2_bytes_ = prop.l2CacheSize;
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
@@ -378,6 +388,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     else resid_splits_ = std::clamp(std::atoi(env), 0, 8);
   }
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
+  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_L2_NEXT_MB")) skinny_l2_next_mb_ = std::max(0, std::atoi(env));
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
@@ -831,7 +842,7 @@ void CudaBackend::rms_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_
 
 void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tensor& norm_weight, float eps,
                                         const Tensor& w, bool swiglu, Tensor h_scratch, Tensor y_scratch,
-                                        const GemvChain& chain) {
+                                        const GemvChain& chain, L2Prefetch skinny_next) {
   const DType dt = x.dtype;
   const bool shapes_ok = x.shape.rank() == 2 && w.shape.rank() == 2 && out.shape.rank() == 2 &&
                          w.shape[1] == x.shape[1] && norm_weight.numel() == x.shape[1] &&
@@ -870,14 +881,14 @@ void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tenso
       return;
     }
     launch_skinny_norm_gemm(stream_, out.data, x.data, norm_weight.data, eps, w.data, swiglu, m, rows, k,
-                            sm_count_, stats);
+                            sm_count_, stats, skinny_next);
     return;
   }
   if (shapes_ok && dtypes_ok && scratch_ok && fuse_swiglu && !fuse_norm &&
       skinny_gemm_supported(dt, m, rows, k, x.data, w.data, skinny_fuse_rows_)) {  // the SwiGLU alone
     rms_norm(h_scratch, x, {}, norm_weight, eps);
     launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
-                            nullptr);
+                            nullptr, skinny_next);
     return;
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
@@ -887,6 +898,7 @@ void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tenso
 void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res, const Tensor& norm_weight,
                                      float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
                                      Tensor y_scratch) {
+  const Tensor next_weight = std::exchange(next_weight_, Tensor{});  // the hint holds for this op only
   const DType dt = x.dtype;
   const bool ranks_ok = x.shape.rank() == 2 && a.shape.rank() == 2 && w_res.shape.rank() == 2 &&
                         w.shape.rank() == 2 && out.shape.rank() == 2;
@@ -932,8 +944,16 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
         res_chain.l2_next_second = w_bytes / 2;
       }
     }
+    // At 5-32 rows the SwiGLU GEMM may ask the first MB of the op after this one (the down_proj,
+    // Backend::prefetch_next) into L2 once its loads are done (opt-in, XSERV_CUDA_SKINNY_L2_NEXT_MB=N:
+    // the 16-warp blocks of that skinny GEMM become resident only as the SwiGLU GEMM's leave).
+    L2Prefetch skinny_next;
+    if (swiglu && skinny_l2_next_mb_ > 0 && !next_weight.empty() &&
+        reinterpret_cast<std::uintptr_t>(next_weight.data) % 16 == 0)
+      skinny_next = {next_weight.data, std::min<std::int64_t>(std::int64_t{skinny_l2_next_mb_} << 20,
+                                                              static_cast<std::int64_t>(next_weight.bytes()))};
     gemm_chained(x, a, w_res, WeightLayout::out_in, {}, 1.0f, 0, res_chain);
-    rms_norm_gemm_chained(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch, norm_chain);
+    rms_norm_gemm_chained(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch, norm_chain, skinny_next);
     return;
   }
   // Sized for the largest rows at once, so graph captures of smaller batches never grow it.
@@ -1072,6 +1092,26 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
   launch_attention_rows(stream_, dt, p);
 }
 
+// How much of the next op's weight (prefetch_next) the folded decode attention asks into L2
+// after its wait (XSERV_CUDA_ATTN_L2_NEXT_MB, read at every call, so at a graph's recording;
+// unset or 0: nothing, the default until measured). `auto`: where that op is a skinny
+// tensor-core GEMM (5..32 rows), whose 16-warp blocks cannot become resident beside the
+// attention's to start their weights before its end (one-row GEMVs, fed through PDL and their
+// bulk rings, already do), all of it up to 3/4 of the L2 cache; N asks N MB wherever the hint is
+// given. Only the one-pass short-context kernel acts on it.
+std::int64_t CudaBackend::attention_l2_next_bytes(const Tensor& w, std::int64_t rows) const {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_L2_NEXT_MB");
+  if (env == nullptr || w.empty() || reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0) return 0;
+  const std::int64_t bytes = static_cast<std::int64_t>(w.bytes());
+  std::int64_t ask = 0;
+  if (std::string_view(env) == "auto") {
+    if (rows > max_gemv_rows && rows <= max_skinny_gemm_rows) ask = l2_bytes_ / 4 * 3;
+  } else {
+    ask = std::int64_t{std::max(0, std::atoi(env))} << 20;
+  }
+  return std::min(ask, bytes) & ~std::int64_t{15};
+}
+
 void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads,
                                const QkTransform& t, const DeviceBatch& batch, KvLayer cache,
                                float scale) {
@@ -1080,6 +1120,7 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
   // depends only on the graph key's shape (rows, the longest query, the context bucket), so a
   // recording always holds the same kernels. Past about two blocks per SM the split kernels'
   // tiles are the better use of the GPU.
+  const Tensor next_weight = std::exchange(next_weight_, Tensor{});  // the hint holds for this op only
   const std::int32_t group = heads.n_kv_heads > 0 ? heads.n_q_heads / heads.n_kv_heads : 0;
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
   if (bucket <= fused_attention_keys_ && batch.max_query_len == 1 && group > 0 &&
@@ -1101,6 +1142,8 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
                         qk_params(qkv, heads, t, batch, cache)};
     if (p.attn.num_tokens == 0) return;
     set_attention_splits(p.attn, qkv.dtype, batch);
+    const std::int64_t ask = attention_l2_next_bytes(next_weight, batch.num_tokens);
+    if (ask > 0) p.l2_next = {next_weight.data, ask};
     launch_qk_attention_mma(stream_, p);
     return;
   }

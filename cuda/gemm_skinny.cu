@@ -86,6 +86,9 @@ struct SkinnyParams {
   float* stats = nullptr;
   unsigned* counters = nullptr;
   int chunks = 0;
+  // Asked into L2 once a warp's weight loads are done, a slice a warp (launch_skinny_norm_gemm).
+  const unsigned char* l2_next = nullptr;
+  std::int64_t l2_next_bytes = 0;
 };
 
 // h = bf16(bf16(x * rstd) * g) for the 8 values of a fragment word quad (as norm.cu rounds).
@@ -338,6 +341,9 @@ __global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps)
         }
   }
 
+  if (p.l2_next_bytes > 0 && lane == 0)
+    prefetch_slice_l2(p.l2_next, p.l2_next_bytes, blockIdx.x * warps + warp, gridDim.x * warps);
+
   // acc[tile][t][i]: weight row tile * 16 + g + 8 * (i / 2), activation row t * 8 + 2q + i % 2.
   float* mine = s_acc + warp * (MT * 8 * smem_stride);
 #pragma unroll
@@ -508,10 +514,12 @@ std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept {
 
 void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, const void* norm_weight, float eps,
                              const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
-                             int sm_count, void* scratch) {
+                             int sm_count, void* scratch, L2Prefetch next) {
   if (m == 0 || n == 0) return;
   SkinnyParams p{out, swiglu ? n / 2 : n, static_cast<const bf16*>(x), static_cast<const bf16*>(w), nullptr,
                  0.0f, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  p.l2_next = static_cast<const unsigned char*>(next.data);
+  p.l2_next_bytes = next.bytes & ~std::int64_t{15};
   p.norm_w = static_cast<const bf16*>(norm_weight);
   p.eps = eps;
   if (scratch) {  // null: every block computes the statistics itself

@@ -538,20 +538,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
-// Asks [p, p + bytes) into L2 (one bulk prefetch; p and bytes multiples of 16).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// Part `part` of `parts` near-equal 16-byte-aligned slices of [base, base + bytes), into L2.
-__device__ __forceinline__ void prefetch_slice_l2(const unsigned char* base, std::int64_t bytes, int part, int parts) {
-  const std::int64_t units = bytes / 16;
-  const std::int64_t lo = units * part / parts, hi = units * (part + 1) / parts;
-  if (hi > lo) bulk_prefetch_l2(base + lo * 16, static_cast<unsigned>((hi - lo) * 16));
-}
-
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }

@@ -77,6 +77,14 @@ void launch_transpose(cudaStream_t stream, std::size_t elem_bytes, const void* s
 void launch_fill_random(cudaStream_t stream, DType dt, void* dst, std::int64_t n,
                         std::uint64_t seed, float scale, float offset);
 
+// A range of the next kernel's weight that a kernel asks into L2 (common.cuh, bulk_prefetch_l2)
+// once its own loads are out, where its remaining work would leave DRAM idle: data and bytes
+// multiples of 16; empty: nothing. A hint only: no result depends on it.
+struct L2Prefetch {
+  const void* data = nullptr;
+  std::int64_t bytes = 0;
+};
+
 // gemv.cu: out[m, :] = a[m, :] . W (+ bias) (+ beta * out) for M <= max_gemv_rows, a and W in
 // dt (f32 or bf16), out in dt or f32; W [N, K] (in_out = false) or [K, N] (in_out = true). The
 // weight-streaming path of decode steps. in_out GEMMs split K over blocks and need
@@ -245,9 +253,11 @@ void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64
 bool skinny_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* x,
                                 const void* norm_weight, const void* w, std::int64_t max_rows) noexcept;
 std::size_t skinny_norm_scratch_bytes(std::int64_t k) noexcept;
+// `next`: every warp asks its slice of that range into L2 after its last weight load (the
+// SwiGLU GEMM asked for the down_proj's first MB, XSERV_CUDA_SKINNY_L2_NEXT_MB).
 void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, const void* norm_weight, float eps,
                              const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
-                             int sm_count, void* scratch);
+                             int sm_count, void* scratch, L2Prefetch next = {});
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as
@@ -386,6 +396,10 @@ struct QkAttentionParams {
   // The HeadWarps form's prologue transforms all of a warp's heads at once (head_warp_transform);
   // false: one head after another (transform_head). Set by launch_qk_attention_mma.
   bool fold_at_once = true;
+  // The next kernel's weight (the o_proj's), asked into L2 by the one-pass short-context kernel
+  // (attention_decode_short_kernel) after its wait, while its own work leaves DRAM idle. Other
+  // kernels ignore it. Set by CudaBackend::qk_attention from Backend::prefetch_next.
+  L2Prefetch l2_next;
 };
 bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block

@@ -232,6 +232,13 @@ class Backend {
   virtual void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                             const DeviceBatch& batch, KvLayer cache, float scale);
 
+  // A hint with no effect on any result: the op after the next one reads all of w (a weight),
+  // so the next op may start bringing it closer while it runs. Holds for the next op only. The
+  // default ignores it; CUDA takes it in qk_attention, whose short-context decode kernel asks
+  // the o_proj's weight into L2 after its wait where that GEMM is the skinny kernel
+  // (docs/cuda.md, XSERV_CUDA_ATTN_L2_NEXT_MB).
+  virtual void prefetch_next(const Tensor& w) { (void)w; }
+
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).
   virtual void gelu(Tensor x) = 0;
   // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].

@@ -160,8 +160,10 @@ class Qwen3 final : public Model {
         be.gemm_parts(qkvt, ht, ws, bs);
       }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
+      be.prefetch_next(l.o_w);
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
       if (one_rank && !l.gate_up_w.empty()) {
+        be.prefetch_next(l.down_w);
         be.gemm_rms_norm_gemm(xt, at, l.o_w, l.post_norm, c.norm_eps, l.gate_up_w, true, actt, ht, gu);
       } else {
         be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo

@@ -591,6 +591,54 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
   }
 }
 
+// At 5-32 rows the SwiGLU GEMM of gemm_rms_norm_gemm may ask the next op's weight into L2 after
+// its loads (Backend::prefetch_next, XSERV_CUDA_SKINNY_L2_NEXT_MB read at construction): a part of
+// it (1 MB) or all of it (the 8 MB asked is capped at its 2 MB) changes no bit of x or the output.
+TEST_CASE("cuda gemm_rms_norm_gemm at 5-32 rows: the next weight asked into L2 gives the same bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  const char* mb_values[] = {"0", "1", "8"};
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (const char* v : mb_values) {
+    const ScopedEnv mb("XSERV_CUDA_SKINNY_L2_NEXT_MB", v);
+    gpus.push_back(cuda::make_cuda_backend(BackendOptions{}));
+  }
+  GpuCpu be;
+  std::mt19937 rng(43);
+  const DType dt = DType::bf16;
+  const std::int64_t k = 512, n = 1024, rows = 2048;  // a [m, k], x [m, n], W_res [n, k], W [rows, n]
+  const Tensor next_w = be.gpu_tensor(randn(rng, static_cast<std::size_t>(n * rows / 2), 0.03f), dt, {n, rows / 2});
+  for (const std::int64_t m : {5, 8, 16, 32}) {
+    INFO("m=" << m);
+    auto a = randn(rng, static_cast<std::size_t>(m * k));
+    auto wr = randn(rng, static_cast<std::size_t>(n * k), static_cast<float>(1.0 / std::sqrt(k)));
+    auto x0 = randn(rng, static_cast<std::size_t>(m * n), 3.0f);
+    auto g = randn(rng, static_cast<std::size_t>(n), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    auto w = randn(rng, static_cast<std::size_t>(rows * n), static_cast<float>(1.0 / std::sqrt(n)));
+    const Tensor ga = be.gpu_tensor(a, dt, {m, k}), gwr = be.gpu_tensor(wr, dt, {n, k}),
+                 gg = be.gpu_tensor(g, dt, {n}), gw = be.gpu_tensor(w, dt, {rows, n});
+    std::vector<float> base_x, base_out;
+    for (std::size_t bi = 0; bi < gpus.size(); ++bi) {
+      INFO("XSERV_CUDA_SKINNY_L2_NEXT_MB=" << mb_values[bi]);
+      Backend& b = *gpus[bi];
+      Tensor gx = be.gpu_tensor(x0, dt, {m, n});
+      Tensor gout = be.gpu_poisoned(dt, {m, rows / 2});
+      Tensor gh = be.gpu_poisoned(dt, {m, n}), gy = be.gpu_poisoned(dt, {m, rows});
+      be.gpu->synchronize();  // the inputs are be.gpu's; `b` has its own stream
+      b.prefetch_next(next_w);
+      b.gemm_rms_norm_gemm(gx, ga, gwr, gg, 1e-6f, gw, true, gout, gh, gy);
+      b.synchronize();
+      if (bi == 0) {
+        base_x = be.read(gx);
+        base_out = be.read(gout);
+        continue;
+      }
+      REQUIRE(be.read(gx) == base_x);
+      REQUIRE(be.read(gout) == base_out);
+    }
+  }
+}
+
 TEST_CASE("cuda skinny gemm: many slabs in blocks of several warps (XSERV_CUDA_SKINNY_BIG_WARPS), two steps in flight", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   // The lm_head's shape class: more 32-row slabs than one wave of one-warp blocks holds (any
@@ -1538,7 +1586,9 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
 // same transform, transform_lane against transform_head), and its output is the same on a second
 // launch over the same inputs (no order depends on timing). Rows of 1-256 keys around the 16-key chunks, a warp's second chunk (129+)
 // and the 256-key bucket, in batches of 8 rows and single rows; GQA 1, 2, 3, 4, 5, 8; head_dim 64
-// and 128; cache blocks of 16 and 5 keys.
+// and 128; cache blocks of 16 and 5 keys. Last, the next op's weight asked into L2 after the wait
+// (Backend::prefetch_next, XSERV_CUDA_ATTN_L2_NEXT_MB: `auto` at 8 rows, 2 MB at every row count;
+// a weight of a size that is not a multiple of 16 bytes) changes no bit of any of them.
 TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -1566,7 +1616,10 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
   struct Result {
     std::vector<float> out, k, v;
   };
-  const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode) {
+  // A weight of 1537 x 1001 bf16 (3077074 bytes) for the prefetch hint.
+  const Tensor next_w = be.gpu_tensor(std::vector<float>(1537 * 1001, 0.5f), DType::bf16, {1537, 1001});
+  const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode,
+                       bool hint = false) {
     const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", mode);
     std::mt19937 r(seed);
     const AttnInputs in = make_attn_inputs(r, DType::bf16, g, bs, seqs);
@@ -1584,10 +1637,12 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
     const DeviceBatch gb = be.gpu->upload_batch(p.batch);
     Tensor gout = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if (hint) be.gpu->prefetch_next(next_w);
     be.gpu->qk_attention(gout, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
     Result res{be.read(gout), be.read(cache.k), be.read(cache.v)};
     if (mode == nullptr || std::string_view(mode) != "0") {  // a second launch over the same inputs
       Tensor again = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
+      if (hint) be.gpu->prefetch_next(next_w);
       be.gpu->qk_attention(again, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
       REQUIRE(be.read(again) == res.out);
     }
@@ -1604,6 +1659,14 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
         const Result mma = run(seed, g, *seqs, bs, "0");
         REQUIRE(one.k == mma.k);
         REQUIRE(one.v == mma.v);
+        for (const char* mb : {"auto", "2"}) {
+          const ScopedEnv env_mb("XSERV_CUDA_ATTN_L2_NEXT_MB", mb);
+          INFO("the next weight asked into L2, XSERV_CUDA_ATTN_L2_NEXT_MB=" << mb);
+          const Result asked = run(seed, g, *seqs, bs, nullptr, true);
+          REQUIRE(asked.out == one.out);
+          REQUIRE(asked.k == one.k);
+          REQUIRE(asked.v == one.v);
+        }
       }
     }
   }
