@@ -227,6 +227,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int sm_count_ = 0;
   std::int64_t l2_bytes_ = 0;  // the device's L2 cache
+  double dram_peak_ = 0;       // the device's DRAM peak in bytes/s (clock x bus width x 2)
   Tensor next_weight_;         // prefetch_next's hint, taken (and cleared) by qk_attention
   cudaStream_t stream_ = nullptr;
   DeviceArena weights_;
@@ -326,7 +327,8 @@ class CudaBackend final : public Backend {
   // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
   bool skinny_block_stats_ = false;
   // XSERV_CUDA_SKINNY_L2_NEXT_MB=N: gemm_rms_norm_gemm's skinny SwiGLU GEMM asks the first N MB of
-  // the next op's weight (prefetch_next: the down_proj) into L2 after its loads (opt-in).
+  // the next op's weight (prefetch_next: the down_proj) into L2 after its loads (opt-in: on an
+  // H200, 8 MB gave serving Qwen3-8B 16 at once +0.4% and 1.7B -2.5%).
   int skinny_l2_next_mb_ = 0;
   Buffer skinny_norm_scratch_;  // row statistics and counters of the fused skinny kernel
   // gemm_rms_norm_gemm at rows past the skinny kernel's and up to resid_max_rows: the residual
@@ -366,6 +368,13 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   XSERV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index_));
   sm_count_ = prop.multiProcessorCount;
   l2_bytes_ = prop.l2CacheSize;
+  {
+    int mem_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device_index_) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_index_) == cudaSuccess)
+      dram_peak_ = 2.0 * mem_khz * 1e3 * bus_bits / 8;
+    (void)cudaGetLastError();  // an attribute the driver does not report leaves the rule's default
+  }
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   XSERV_CUDA_CHECK(cudaEventCreateWithFlags(&batch_copied_, cudaEventDisableTiming));
@@ -934,7 +943,8 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
       std::int64_t l2_bytes = 0;
       if (tune.l2_next_mb > 0) {
         l2_bytes = std::int64_t{tune.l2_next_mb} << 20;
-      } else if (tune.l2_next_mb < 0 && !gemv_launches_pdl(w_bytes, norm_chain)) {  // the default rule
+      } else if (tune.l2_next_mb < 0 && dram_peak_ > 0 && dram_peak_ < gemv_l2_next_max_dram &&
+                 !gemv_launches_pdl(w_bytes, norm_chain)) {  // the default rule
         l2_bytes = std::int64_t{6} << 20;
         res_chain.l2_next_if_held = true;
       }
@@ -1093,18 +1103,19 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
 }
 
 // How much of the next op's weight (prefetch_next) the folded decode attention asks into L2
-// after its wait (XSERV_CUDA_ATTN_L2_NEXT_MB, read at every call, so at a graph's recording;
-// unset or 0: nothing, the default until measured). `auto`: where that op is a skinny
-// tensor-core GEMM (5..32 rows), whose 16-warp blocks cannot become resident beside the
-// attention's to start their weights before its end (one-row GEMVs, fed through PDL and their
-// bulk rings, already do), all of it up to 3/4 of the L2 cache; N asks N MB wherever the hint is
-// given. Only the one-pass short-context kernel acts on it.
+// after its wait (XSERV_CUDA_ATTN_L2_NEXT_MB, read at every call, so at a graph's recording).
+// By default (`auto`): where that op is a skinny tensor-core GEMM (5..32 rows), whose 16-warp
+// blocks cannot become resident beside the attention's to start their weights before its end
+// (one-row GEMVs, fed through PDL and their bulk rings, already do), all of it up to 3/4 of the
+// L2 cache: serving Qwen3-8B 16 at once on an H200 +0.4% (a step 4571 -> 4553 us), 1.7B +0.1%
+// (docs/benchmarks.md, "Merged main of the twentieth session"). N asks N MB wherever the hint is
+// given, 0 nothing. Only the one-pass short-context kernel acts on it.
 std::int64_t CudaBackend::attention_l2_next_bytes(const Tensor& w, std::int64_t rows) const {
+  if (w.empty() || reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0) return 0;
   const char* env = std::getenv("XSERV_CUDA_ATTN_L2_NEXT_MB");
-  if (env == nullptr || w.empty() || reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0) return 0;
   const std::int64_t bytes = static_cast<std::int64_t>(w.bytes());
   std::int64_t ask = 0;
-  if (std::string_view(env) == "auto") {
+  if (env == nullptr || std::string_view(env) == "auto") {
     if (rows > max_gemv_rows && rows <= max_skinny_gemm_rows) ask = l2_bytes_ / 4 * 3;
   } else {
     ask = std::int64_t{std::max(0, std::atoi(env))} << 20;

@@ -212,8 +212,11 @@ struct GemvTuning {
   // bulk GEMV (for comparisons). Measured on an H100 (2026-12-05, docs/benchmarks.md, "The
   // gate|up's first MB into L2"): Qwen3-1.7B b1 704-705 -> 720.7-720.8 tok/s (+2.3%) with 6 MB,
   // +1.7-1.9% with 8, +1.5% with 4, +1.3% with 10, +0.4% with 12 and 16 (the o_proj's
-  // completion then waits on its prefetches: its end moved +1.5 us at 12 MB). Not measured on an
-  // H200, whose faster DRAM may fit more in the same window.
+  // completion then waits on its prefetches: its end moved +1.5 us at 12 MB). On an H200
+  // (2026-12-06, "Merged main of the twentieth session") it loses: 847-848 tok/s with 6 MB against
+  // 856 off, 844-849 with 4 and 8 (two interleaved passes): its DRAM (4.8 TB/s) brings the gate|up's
+  // first wave in about as fast from DRAM, and the prefetches only add traffic. So the default
+  // rule holds only on devices whose DRAM peak is under gemv_l2_next_max_dram.
   // l2_next_before (XSERV_CUDA_GEMV_L2_NEXT_AT=0): before the o_proj's wait instead, as first
   // tried: it lengthened the decode attention's post-wait chain by ~1.9 us while the gate|up
   // gained ~1.4 us (16 MB; +0.4% at 8 MB). Earlier L2 prefetches lost too (docs/benchmarks.md):
@@ -222,6 +225,9 @@ struct GemvTuning {
   int l2_next_mb = -1;
   bool l2_next_before = false;
 };
+// The DRAM peak (bytes/s) under which GemvTuning::l2_next_mb's default rule holds: an H100 SXM's
+// 3.35 TB/s gains by it, an H200's 4.8 TB/s loses.
+constexpr double gemv_l2_next_max_dram = 4.0e12;
 constexpr int max_bulk_k = 16384;
 // bench/gemv_bench's reference: a pure streaming read of `bytes` (a multiple of 16, 16-byte
 // aligned) by `blocks` blocks of 256 threads, the ceiling a GEMV of that weight is held against.
