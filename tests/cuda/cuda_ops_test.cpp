@@ -507,12 +507,8 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
   XSERV_REQUIRE_CUDA_DEVICE();
   // Backends by XSERV_CUDA_RESID_SPLITS (read at construction): 0 runs the separate ops (cuBLASLt
   // with beta = 1, rms_norm, cuBLASLt, swiglu), the others the K parts and the one sum+norm kernel.
-  const char* split_values[] = {"0", "1", "2", "3", "4"};
-  std::vector<std::unique_ptr<Backend>> gpus;
-  for (const char* v : split_values) {
-    const ScopedEnv splits("XSERV_CUDA_RESID_SPLITS", v);
-    gpus.push_back(cuda::make_cuda_backend(BackendOptions{}));
-  }
+  const std::vector<const char*> split_values = {"0", "1", "2", "3", "4"};
+  const auto gpus = backends_by_env("XSERV_CUDA_RESID_SPLITS", split_values);
   GpuCpu be;
   std::mt19937 rng(41);
   struct Case {
@@ -596,12 +592,8 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
 // it (1 MB) or all of it (the 8 MB asked is capped at its 2 MB) changes no bit of x or the output.
 TEST_CASE("cuda gemm_rms_norm_gemm at 5-32 rows: the next weight asked into L2 gives the same bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
-  const char* mb_values[] = {"0", "1", "8"};
-  std::vector<std::unique_ptr<Backend>> gpus;
-  for (const char* v : mb_values) {
-    const ScopedEnv mb("XSERV_CUDA_SKINNY_L2_NEXT_MB", v);
-    gpus.push_back(cuda::make_cuda_backend(BackendOptions{}));
-  }
+  const std::vector<const char*> mb_values = {"0", "1", "8"};
+  const auto gpus = backends_by_env("XSERV_CUDA_SKINNY_L2_NEXT_MB", mb_values);
   GpuCpu be;
   std::mt19937 rng(43);
   const DType dt = DType::bf16;

@@ -16,6 +16,7 @@
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "support/scoped_env.hpp"
 
 // Every CUDA test starts with this: CI has nvcc but no GPU, and a missing device is a skip.
 #define XSERV_REQUIRE_CUDA_DEVICE()                  \
@@ -27,6 +28,16 @@
   } while (0)
 
 namespace xserv::test {
+
+// One CUDA backend per value of an environment variable the backend reads at construction.
+inline std::vector<std::unique_ptr<Backend>> backends_by_env(const char* name, const std::vector<const char*>& values) {
+  std::vector<std::unique_ptr<Backend>> out;
+  for (const char* v : values) {
+    const ScopedEnv env(name, v);
+    out.push_back(cuda::make_cuda_backend(BackendOptions{}));
+  }
+  return out;
+}
 
 inline std::vector<float> randn(std::mt19937& rng, std::size_t n, float scale = 1.0f) {
   std::normal_distribution<float> dist(0.0f, scale);
