@@ -20,7 +20,7 @@ cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTU
   { tail -40 "$OUT/build.txt"; exit 1; }
 echo "== $(ts) built in ${SECONDS} s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-timeout "${TESTS_S:-240}" /tmp/b/tests/cuda/xserv_cuda_tests "[cuda]" --durations yes >"$OUT/cuda_tests.txt" 2>&1
+timeout -k 10 "${TESTS_S:-240}" /tmp/b/tests/cuda/xserv_cuda_tests "[cuda]" --durations yes >"$OUT/cuda_tests.txt" 2>&1
 echo "== $(ts) [cuda] rc=$? $(grep -E '^(All tests|test cases)' "$OUT/cuda_tests.txt" | tr '\n' ' ')"
 G=/tmp/b/bench/generate_bench S=/tmp/b/bench/serve_bench
 gb() {  # label, env settings, model, repeat

@@ -26,7 +26,7 @@ name() { echo "${1%%:*}"; }
 tests() {  # label, timeout, spec, env...
   local label=$1 limit=$2 spec=$3; shift 3
   echo "== $(ts) tests $label: $spec $*"
-  env "$@" timeout "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
+  env "$@" timeout -k 10 "$limit" "$T" "$spec" >"$OUT/tests_$label.txt" 2>&1
   echo "rc=$? $(grep -E "^(All tests|test cases)" "$OUT/tests_$label.txt" | tail -2 | tr '\n' ' ')"
 }
 # The request defines run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V...]`) before sourcing.
