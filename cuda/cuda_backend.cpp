@@ -228,7 +228,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0;
   std::int64_t l2_bytes_ = 0;  // the device's L2 cache
   double dram_peak_ = 0;       // the device's DRAM peak in bytes/s (clock x bus width x 2)
-  Tensor next_weight_;         // prefetch_next's hint, taken (and cleared) by qk_attention
+  Tensor next_weight_;  // prefetch_next's hint, taken (and cleared) by qk_attention and gemm_rms_norm_gemm
   cudaStream_t stream_ = nullptr;
   DeviceArena weights_;
   DeviceArena work_;
@@ -373,7 +373,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device_index_) == cudaSuccess &&
         cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_index_) == cudaSuccess)
       dram_peak_ = 2.0 * mem_khz * 1e3 * bus_bits / 8;
-    (void)cudaGetLastError();  // an attribute the driver does not report leaves the rule's default
+    (void)cudaGetLastError();  // unreported: the peak stays unknown (0) and rules keyed on it do not hold
   }
   name_ = fmt::format("cuda:{} ({}, sm_{}{})", device_index_, prop.name, prop.major, prop.minor);
   XSERV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -1108,7 +1108,7 @@ void CudaBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& h
 // blocks cannot become resident beside the attention's to start their weights before its end
 // (one-row GEMVs, fed through PDL and their bulk rings, already do), all of it up to 3/4 of the
 // L2 cache: serving Qwen3-8B 16 at once on an H200 +0.4% (a step 4571 -> 4553 us), 1.7B +0.1%
-// (docs/benchmarks.md, "Merged main of the twentieth session"). N asks N MB wherever the hint is
+// (docs/benchmarks.md, "The next op's weight into L2 during batched decode"). N asks N MB wherever the hint is
 // given, 0 nothing. Only the one-pass short-context kernel acts on it.
 std::int64_t CudaBackend::attention_l2_next_bytes(const Tensor& w, std::int64_t rows) const {
   if (w.empty() || reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0) return 0;

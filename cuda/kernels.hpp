@@ -213,7 +213,7 @@ struct GemvTuning {
   // gate|up's first MB into L2"): Qwen3-1.7B b1 704-705 -> 720.7-720.8 tok/s (+2.3%) with 6 MB,
   // +1.7-1.9% with 8, +1.5% with 4, +1.3% with 10, +0.4% with 12 and 16 (the o_proj's
   // completion then waits on its prefetches: its end moved +1.5 us at 12 MB). On an H200
-  // (2026-12-06, "Merged main of the twentieth session") it loses: 847-848 tok/s with 6 MB against
+  // (2026-12-06, "The next op's weight into L2 during batched decode") it loses: 847-848 tok/s with 6 MB against
   // 856 off, 844-849 with 4 and 8 (two interleaved passes): its DRAM (4.8 TB/s) brings the gate|up's
   // first wave in about as fast from DRAM, and the prefetches only add traffic. So the default
   // rule holds only on devices whose DRAM peak is under gemv_l2_next_max_dram.

@@ -233,10 +233,11 @@ class Backend {
                             const DeviceBatch& batch, KvLayer cache, float scale);
 
   // A hint with no effect on any result: the op after the next one reads all of w (a weight),
-  // so the next op may start bringing it closer while it runs. Holds for the next op only. The
-  // default ignores it; CUDA takes it in qk_attention, whose short-context decode kernel asks
-  // the o_proj's weight into L2 after its wait where that GEMM is the skinny kernel
-  // (docs/cuda.md, XSERV_CUDA_ATTN_L2_NEXT_MB).
+  // so the next op may start bringing it closer while it runs. Give it right before that next
+  // op: it holds for that op only. The default ignores it; CUDA takes it in qk_attention (the
+  // short-context decode kernel asks the o_proj's weight into L2 after its wait, where that GEMM
+  // is the skinny kernel: XSERV_CUDA_ATTN_L2_NEXT_MB) and in gemm_rms_norm_gemm (the skinny
+  // SwiGLU GEMM, opt-in: XSERV_CUDA_SKINNY_L2_NEXT_MB); docs/cuda.md.
   virtual void prefetch_next(const Tensor& w) { (void)w; }
 
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).

@@ -587,9 +587,10 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
   }
 }
 
-// At 5-32 rows the SwiGLU GEMM of gemm_rms_norm_gemm may ask the next op's weight into L2 after
-// its loads (Backend::prefetch_next, XSERV_CUDA_SKINNY_L2_NEXT_MB read at construction): a part of
-// it (1 MB) or all of it (the 8 MB asked is capped at its 2 MB) changes no bit of x or the output.
+// Up to the skinny kernel's rows (5-16 by default) the SwiGLU GEMM of gemm_rms_norm_gemm may ask
+// the next op's weight into L2 after its loads (Backend::prefetch_next, XSERV_CUDA_SKINNY_L2_NEXT_MB
+// read at construction): a part of it (1 MB) or all of it (the 8 MB asked is capped at its 2 MB)
+// changes no bit of x or the output. 32 rows take the K-parts path, which must ignore the hint.
 TEST_CASE("cuda gemm_rms_norm_gemm at 5-32 rows: the next weight asked into L2 gives the same bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   const std::vector<const char*> mb_values = {"0", "1", "8"};
