@@ -496,14 +496,30 @@ constexpr int mma_warps = 4;
 constexpr int wide_warps = 8;
 constexpr int chunk_keys = 16;  // keys a warp takes at once: one k-step of P V
 
-template <int D, int Stages, int Warps = mma_warps>
+// Bulk (launches without the q/k prologue, XSERV_CUDA_ATTN_BULK, bulk_launch): a chunk's rows are copied
+// whole by cp.async.bulk, which cannot swizzle, so they sit bulk_pad elements apart instead (a
+// row pitch of D + 8: the 8 rows of an ldmatrix phase start 4 banks apart), and each warp's
+// Stages mbarriers follow the rings.
+constexpr int bulk_pad = 8;
+
+template <int D, int Stages, int Warps = mma_warps, bool Bulk = false>
 struct DecodeLayout {
-  static constexpr int chunk_elems = chunk_keys * D;           // one K or V chunk, bf16
+  static constexpr int pitch = Bulk ? D + bulk_pad : D;        // elements from one key's row to the next
+  static constexpr int chunk_elems = chunk_keys * pitch;       // one K or V chunk, bf16
   static constexpr int warp_elems = Stages * 2 * chunk_elems;  // a warp's ring
-  static constexpr int ring_bytes = Warps * warp_elems * 2;
+  static constexpr int rings_bytes = Warps * warp_elems * 2;
+  static constexpr int ring_bytes = rings_bytes + (Bulk ? Warps * Stages * 8 : 0);  // + the mbarriers
   // The end-of-block combine: per warp, 8 heads x (D outputs + m + l) floats.
   static constexpr int combine_bytes = Warps * 8 * (D + 2) * 4;
 };
+
+// Element offset of 16-byte piece c of key row r in a chunk: swizzled (cp.async copies), or at
+// the padded pitch (bulk copies).
+template <int D, bool Bulk>
+__device__ __forceinline__ int chunk_at(int r, int c) {
+  if constexpr (Bulk) return r * (D + bulk_pad) + c * 8;
+  else return swz<D>(r, c);
+}
 
 // Shared memory of the in-kernel merge: per head and split a weight and a sum, then one float4
 // partial per thread.
@@ -654,12 +670,13 @@ __device__ __forceinline__ void head_warp_transform(const QkTransformParams& t, 
   }
 }
 
-template <int D, int Stages, bool Fused, int Warps, bool HeadWarps = false>
+template <int D, int Stages, bool Fused, int Warps, bool HeadWarps = false, bool Bulk = false>
 __global__ void __launch_bounds__(Warps * 32)
     attention_decode_mma_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
   const AttentionParams& p = params.attn;
-  using Lay = DecodeLayout<D, Stages, Warps>;
+  using Lay = DecodeLayout<D, Stages, Warps, Bulk>;
+  static_assert(!Bulk || !Fused, "bulk copies: without the q/k prologue");
   constexpr int block_threads = Warps * 32;
   constexpr int pieces = D / 8;               // 16-byte pieces of a K or V row
   constexpr int rows_per_copy = 32 / pieces;  // rows one warp-wide cp.async covers (2 or 4)
@@ -704,6 +721,18 @@ __global__ void __launch_bounds__(Warps * 32)
   // Copies: lane key % 16 looks up the slot of key `lane % 16` of a chunk; copy n moves piece
   // lane % pieces of row n * rows_per_copy + lane / pieces, row 2k the K and 2k + 1 the V of key k.
   bf16* const ring = reinterpret_cast<bf16*>(smem_raw) + warp * Lay::warp_elems;
+  // Bulk: this warp's mbarriers, one a buffer; chunk i completes phase (i / Stages) & 1 of
+  // bars[i % Stages]. A row of the cache is contiguous (row_bytes), a chunk's rows are not.
+  std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(smem_raw + Lay::rings_bytes) + warp * Stages;
+  constexpr unsigned row_bytes = D * 2;
+  if constexpr (Bulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < Stages; ++j) mbar_init(&bars[j]);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
@@ -716,6 +745,27 @@ __global__ void __launch_bounds__(Warps * 32)
     return ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
   };
   auto copy_chunk = [&](int i, long long off) {
+    if constexpr (Bulk) {
+      // Lane l < 16 copies the K row of key l of the chunk, lane 16 + l its V row, one bulk copy
+      // each; lane 0 first announces the bytes of the chunk's keys. Keys past the split get
+      // zero rows (their scores are masked; P V must not meet stale NaNs).
+      if (i < my_chunks) {
+        bf16* stage = ring + (i % Stages) * 2 * Lay::chunk_elems;
+        const int key0 = k_begin + (first_chunk + i * chunk_warps) * chunk_keys;
+        const unsigned n_valid = static_cast<unsigned>(min(chunk_keys, k_end - key0));
+        if (lane == 0) mbar_expect_tx(&bars[i % Stages], 2 * n_valid * row_bytes);
+        __syncwarp();
+        const int key = lane & (chunk_keys - 1), is_v = lane >> 4;
+        bf16* dst = stage + is_v * Lay::chunk_elems + key * Lay::pitch;
+        if (off >= 0) {
+          bulk_copy(dst, (is_v ? vc : kc) + off, row_bytes, &bars[i % Stages]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < pieces; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      return;
+    }
     if (i < my_chunks) {  // warp-uniform: the shuffles need every lane
       bf16* stage = ring + (i % Stages) * 2 * Lay::chunk_elems;
       const int c = lane % pieces;
@@ -826,8 +876,12 @@ __global__ void __launch_bounds__(Warps * 32)
   for (int i = 0; i < my_chunks; ++i) {
     copy_chunk(i + Stages - 1, next_off);  // into the buffer chunk i - 1 used
     next_off = chunk_offset(i + Stages);   // its table read hides behind this chunk
-    copy_async_wait<Stages - 1>();         // chunk i has landed (this lane's copies)
-    __syncwarp();                          // ... and every lane's
+    if constexpr (Bulk) {
+      mbar_wait(&bars[i % Stages], static_cast<unsigned>(i / Stages) & 1u);  // chunk i has landed
+    } else {
+      copy_async_wait<Stages - 1>();       // chunk i has landed (this lane's copies)
+    }
+    __syncwarp();                          // ... and every lane's (and their zero rows)
     const bf16* sk = ring + (i % Stages) * 2 * Lay::chunk_elems;
     const bf16* sv = sk + Lay::chunk_elems;
     float s[2][4] = {};
@@ -835,7 +889,7 @@ __global__ void __launch_bounds__(Warps * 32)
     for (int k = 0; k < ksteps; ++k) {
       unsigned b[4];
       const int key = (lane & 7) + ((lane >> 4) << 3);
-      ldsm_x4(smem_addr(sk + swz<D>(key, 2 * k + ((lane >> 3) & 1))), b);
+      ldsm_x4(smem_addr(sk + chunk_at<D, Bulk>(key, 2 * k + ((lane >> 3) & 1))), b);
       const unsigned a[4] = {qf[k][0], 0u, qf[k][1], 0u};
       mma_bf16(s[0], a, b[0], b[1]);
       mma_bf16(s[1], a, b[2], b[3]);
@@ -865,7 +919,7 @@ __global__ void __launch_bounds__(Warps * 32)
 #pragma unroll
     for (int dp = 0; dp < dtiles / 2; ++dp) {
       unsigned b[4];
-      ldsm_x4_trans(smem_addr(sv + swz<D>(key, 2 * dp + (lane >> 4))), b);
+      ldsm_x4_trans(smem_addr(sv + chunk_at<D, Bulk>(key, 2 * dp + (lane >> 4))), b);
       o[2 * dp][0] *= alpha;
       o[2 * dp][1] *= alpha;
       o[2 * dp + 1][0] *= alpha;
@@ -875,7 +929,7 @@ __global__ void __launch_bounds__(Warps * 32)
     }
     __syncwarp();  // every lane is done with this buffer before the next copy refills it
   }
-  copy_async_wait<0>();  // only empty groups can be left; nothing may land after the combine
+  if constexpr (!Bulk) copy_async_wait<0>();  // only empty groups can be left; nothing may land after the combine
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if constexpr (HeadWarps) {
@@ -1487,17 +1541,17 @@ std::int32_t rows_split_keys() noexcept {
 
 // The largest dynamic shared memory a launch of the mma kernel asks for: its rings, or the merge
 // of max_splits splits of 8 heads.
-template <int D, int Stages, int Warps>
+template <int D, int Stages, int Warps, bool Bulk = false>
 constexpr int mma_max_smem() {
-  return std::max(DecodeLayout<D, Stages, Warps>::ring_bytes, merge_bytes(8, max_splits, Warps * 32));
+  return std::max(DecodeLayout<D, Stages, Warps, Bulk>::ring_bytes, merge_bytes(8, max_splits, Warps * 32));
 }
 
-template <int D, int Stages, bool Fused = false, int Warps = mma_warps, bool HeadWarps = false>
+template <int D, int Stages, bool Fused = false, int Warps = mma_warps, bool HeadWarps = false, bool Bulk = false>
 auto mma_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_mma_kernel<D, Stages, Fused, Warps, HeadWarps>;
+    auto* k = attention_decode_mma_kernel<D, Stages, Fused, Warps, HeadWarps, Bulk>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          mma_max_smem<D, Stages, Warps>()));
+                                          mma_max_smem<D, Stages, Warps, Bulk>()));
     return k;
   }();
   return kernel;
@@ -1523,14 +1577,33 @@ int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
                      : stages == 3 ? mma_blocks_per_sm_of<128, 3>() : mma_blocks_per_sm_of<128, 4>();
 }
 
-template <int D, int Stages, bool Fused, int Warps = mma_warps>
+// Whether a launch without the q/k prologue takes the kernel's bulk-copy form (DecodeLayout's
+// Bulk: each key row copied whole by cp.async.bulk instead of 16-byte cp.async pieces): asked for
+// (XSERV_CUDA_ATTN_BULK=1, read at every call) and built for sm_90 or later (below that its bulk
+// copies and barriers compile to nothing).
+template <int D, int Stages, int Warps, bool HeadWarps>
+bool bulk_launch() {
+  static const bool usable = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<D, Stages, false, Warps, HeadWarps, true>) ==
+               cudaSuccess &&
+           attr.binaryVersion >= 90;
+  }();
+  const char* env = std::getenv("XSERV_CUDA_ATTN_BULK");
+  return usable && env != nullptr && std::atoi(env) == 1;
+}
+
+template <int D, int Stages, bool Fused, int Warps = mma_warps, bool Bulk = false>
 void launch_mma(cudaStream_t stream, const QkAttentionParams& qp) {
+  if constexpr (!Fused && !Bulk) {
+    if (bulk_launch<D, Stages, Warps, false>()) return launch_mma<D, Stages, false, Warps, true>(stream, qp);
+  }
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
-  const int smem = std::max(DecodeLayout<D, Stages, Warps>::ring_bytes,
+  const int smem = std::max(DecodeLayout<D, Stages, Warps, Bulk>::ring_bytes,
                             p.num_splits > 1 ? merge_bytes(group, p.num_splits, Warps * 32) : 0);
   const dim3 grid(p.num_tokens, p.n_kv_heads, p.num_splits);
-  launch_pdl(mma_kernel_configured<D, Stages, Fused, Warps>(), grid, dim3(Warps * 32),
+  launch_pdl(mma_kernel_configured<D, Stages, Fused, Warps, false, Bulk>(), grid, dim3(Warps * 32),
              static_cast<std::size_t>(smem), stream, qp);
 }
 
@@ -1571,10 +1644,18 @@ bool head_warps_launch(std::int32_t head_dim, std::int64_t rows_x_kv_heads, int 
 // heads and one split, each warp streaming every chunk of its head's split through its own ring
 // (two or three buffers: XSERV_CUDA_ATTN_STAGES=2 / default 3, one block an SM), no block barrier
 // and no combine of warps; a row's splits (attention_rows_split) are merged by its last warp.
+// Without the q/k prologue it can take the bulk-copy form (bulk_launch).
 template <int D, int Stages, bool Fused>
 void launch_head_warps(cudaStream_t stream, const QkAttentionParams& qp) {
   const AttentionParams& p = qp.attn;
   const dim3 grid(p.num_tokens, (p.n_kv_heads + wide_warps - 1) / wide_warps, p.num_splits);
+  if constexpr (!Fused) {
+    if (bulk_launch<D, Stages, wide_warps, true>()) {
+      launch_pdl(mma_kernel_configured<D, Stages, false, wide_warps, true, true>(), grid, dim3(wide_warps * 32),
+                 static_cast<std::size_t>(DecodeLayout<D, Stages, wide_warps, true>::ring_bytes), stream, qp);
+      return;
+    }
+  }
   launch_pdl(mma_kernel_configured<D, Stages, Fused, wide_warps, true>(), grid, dim3(wide_warps * 32),
              static_cast<std::size_t>(DecodeLayout<D, Stages, wide_warps>::ring_bytes), stream, qp);
 }

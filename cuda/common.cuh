@@ -134,6 +134,68 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// ---- Bulk copies global -> shared counted on an mbarrier (cp.async.bulk, sm_90) ------------------
+// A phase of an mbarrier made by mbar_init completes once its one arrival has come (mbar_expect_tx
+// or bulk_load) and every byte that arrival announced has landed; mbar_wait(bar, parity) returns
+// once the phase of that parity (0, 1, 0, ... for its successive uses) has completed.
+// mbar_init_fence makes the initialisation visible to the copy engine before any copy uses it.
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// The phase's arrival, announcing `bytes` that copies (bulk_copy) will complete on bar.
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory,
+// completing its bytes on bar (whose phase must have announced them). With hint, the copy reads
+// under the L2 cache policy pol (a createpolicy result).
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar,
+                                          bool hint = false, std::uint64_t pol = 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const auto b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(s),
+        "l"(gmem), "r"(bytes), "r"(b), "l"(pol)
+        : "memory");
+  } else {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s),
+                 "l"(gmem), "r"(bytes), "r"(b)
+                 : "memory");
+  }
+#endif
+}
+// One thread's whole phase: the arrival with the bytes of one bulk copy, and the copy.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar,
+                                          bool hint = false, std::uint64_t pol = 0) {
+  mbar_expect_tx(bar, bytes);
+  bulk_copy(smem, gmem, bytes, bar, hint, pol);
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT%=;\n}" ::"r"(
+          static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 // ---- Asking the next kernel's weights into L2 (cp.async.bulk.prefetch, sm_90) -----------------
 // A kernel whose own work leaves DRAM idle (it waits on the one before, or computes from what it
 // already holds) can ask the next kernel's weight into L2, so that kernel starts on L2 hits

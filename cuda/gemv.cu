@@ -538,47 +538,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
-
-// Bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into shared memory,
-// announced on `bar` (this thread's arrival plus the bytes the copy will complete).
-// With hint, the copy reads under the L2 cache policy pol (evict_first_policy).
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar,
-                                          bool hint = false, std::uint64_t pol = 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-  if (hint) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            smem_addr(smem)),
-        "l"(gmem), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-        : "memory");
-  } else {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-  }
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT%=;\n}" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
 constexpr std::size_t bulk_ring_bytes = std::size_t{warps} * bulk_stages * bulk_chunk;
 
 // act_global: the activation row is read from global memory (through L1) instead of a copy in
@@ -617,9 +576,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   };
   if (lane == 0) {
     for (int s = 0; s < bulk_stages; ++s) mbar_init(&bars[s]);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
+    mbar_init_fence();
     // The weights do not depend on the previous kernel: the ring fills before the wait.
     for (int i = 0; i < min(items, bulk_stages); ++i) issue(i);
   }

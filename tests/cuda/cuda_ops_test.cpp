@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -1098,6 +1099,17 @@ AttnInputs make_attn_inputs(std::mt19937& rng, DType dt, const HeadGeometry& g, 
   return in;
 }
 
+// Qwen3's q/k transform over `in` on the GPU: its q/k RMSNorm weights, neox RoPE at theta 1e6.
+QkTransform gpu_qwen3_transform(GpuCpu& be, const AttnInputs& in, std::int64_t d) {
+  QkTransform tr;
+  tr.rope = true;
+  tr.rope_theta = 1000000.0f;
+  tr.norm_eps = 1e-6f;
+  tr.q_norm = be.gpu_tensor(in.q_norm, DType::bf16, {d});
+  tr.k_norm = be.gpu_tensor(in.k_norm, DType::bf16, {d});
+  return tr;
+}
+
 struct AttnCase {
   HeadGeometry geom;
   bool norm, rope;
@@ -1619,13 +1631,8 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
     const Paged& p = in.paged;
     const std::int64_t d = g.head_dim, width = g.qkv_width(), t = p.batch.num_tokens();
     const Shape& cshape = in.cache_shape;
-    const auto &kc = in.k_cache, &vc = in.v_cache, &qkv = in.qkv, &qn = in.q_norm, &kn = in.k_norm;
-    QkTransform tr;
-    tr.rope = true;
-    tr.rope_theta = 1000000.0f;
-    tr.norm_eps = 1e-6f;
-    tr.q_norm = be.gpu_tensor(qn, DType::bf16, {d});
-    tr.k_norm = be.gpu_tensor(kn, DType::bf16, {d});
+    const auto &kc = in.k_cache, &vc = in.v_cache, &qkv = in.qkv;
+    const QkTransform tr = gpu_qwen3_transform(be, in, d);
     KvLayer cache{be.gpu_tensor(kc, DType::bf16, cshape), be.gpu_tensor(vc, DType::bf16, cshape)};
     const DeviceBatch gb = be.gpu->upload_batch(p.batch);
     Tensor gout = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
@@ -1675,22 +1682,30 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
 // leave the second split empty), 20 rows of 1-600 keys (6 splits); GQA 2 and 4 (Qwen3-1.7B, 8B),
 // 12 kv heads (two blocks a row, 4 warps of the second idle), head_dim 128 and 64, cache blocks
 // of 16 and 5 keys (a chunk straddles blocks).
-TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
-  XSERV_REQUIRE_CUDA_DEVICE();
-  GpuCpu be;
-  std::mt19937 rng(23);
+// The batches of the one-kv-head-a-warp tests (described at the first of them), each with its
+// cache block size.
+namespace {
+struct HeadWarpsCase {
+  AttnCase attn;
+  std::int32_t block_size;
+};
+std::vector<HeadWarpsCase> head_warps_cases() {
   using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
   Seqs rows20, rows64, rows128;
   for (std::int32_t i = 0; i < 20; ++i) rows20.emplace_back(1, 1 + (i * 97) % 600);
   for (std::int32_t i = 0; i < 64; ++i) rows64.emplace_back(1, 1 + (i * 37) % 300);
   for (std::int32_t i = 0; i < 128; ++i) rows128.emplace_back(1, 120 + (i * 29) % 90);
-  struct Case {
-    AttnCase attn;
-    std::int32_t block_size;
-  };
-  const Case cases[] = {{{{16, 8, 128}, true, true, rows128}, 16}, {{{32, 8, 128}, true, true, rows64}, 5},
-                        {{{16, 8, 128}, true, true, rows20}, 16},  {{{24, 12, 64}, true, true, rows20}, 5},
-                        {{{16, 8, 64}, true, true, rows64}, 16}};
+  return {{{{16, 8, 128}, true, true, rows128}, 16}, {{{32, 8, 128}, true, true, rows64}, 5},
+          {{{16, 8, 128}, true, true, rows20}, 16},  {{{24, 12, 64}, true, true, rows20}, 5},
+          {{{16, 8, 64}, true, true, rows64}, 16}};
+}
+}  // namespace
+
+TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(23);
+  const auto cases = head_warps_cases();
   // The folded prologue with every head of a warp at once (the default when folded) and one
   // head after another (FOLD_AT_ONCE=0); FUSE_QK=heads folds it where the form is taken.
   struct Variant {
@@ -1715,6 +1730,63 @@ TEST_CASE("cuda batched decode attention: one kv head a warp", "[cuda]") {
                                          << " d " << c.attn.geom.head_dim << " rows " << c.attn.seqs.size()
                                          << " block " << c.block_size);
       run_attention_case(be, rng, DType::bf16, c.attn, c.block_size, v.one_op, !v.one_op);
+    }
+  }
+}
+
+// The decode attention on bulk copies (XSERV_CUDA_ATTN_BULK=1: each key row copied whole by
+// cp.async.bulk into padded rows, completion on an mbarrier a buffer) against its cp.async forms:
+// the same inputs through qk_transform_store and attention give the same bits (the arithmetic is
+// the same; only how the chunks reach shared memory differs), with the default buffers and 2,
+// and against the CPU on the GPU's own q and cache (run_attention_case's tolerance). The
+// one-kv-head-a-warp form (forced) over head_warps_cases (128 rows of one split, 64 of two, 20 of
+// six; cache blocks of 16 and 5 keys: a chunk's rows from two blocks, the last chunk of a split
+// partly past its keys, so zero rows); the block kernel (HEAD_WARPS=0) over the same and over
+// long rows (one row of 5000 keys in many splits, a few rows of 700-2100, a group of 8).
+TEST_CASE("cuda decode attention on bulk copies: the cp.async forms' bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  GpuCpu be;
+  std::mt19937 rng(29);
+  auto cases = head_warps_cases();
+  using Seqs = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  const Seqs one_long = {{1, 5000}}, few = {{1, 700}, {1, 2100}, {1, 1333}, {1, 64}};
+  const std::vector<HeadWarpsCase> long_cases = {{{{32, 8, 128}, true, true, one_long}, 16},
+                                                 {{{16, 8, 128}, true, true, few}, 5},
+                                                 {{{8, 1, 64}, true, true, few}, 16}};
+  const ScopedEnv env_fuse("XSERV_CUDA_ATTN_FUSE_QK", "0");  // all three read at every call
+  for (const char* head_warps : {"1", "0"}) {
+    const ScopedEnv env_head_warps("XSERV_CUDA_ATTN_HEAD_WARPS", head_warps);
+    if (std::string_view(head_warps) == "0") cases.insert(cases.end(), long_cases.begin(), long_cases.end());
+    for (const char* stages : {static_cast<const char*>(nullptr), "2"}) {
+      const ScopedEnv env_stages("XSERV_CUDA_ATTN_STAGES", stages);
+      for (const auto& c : cases) {
+        const HeadGeometry& g = c.attn.geom;
+        INFO("HEAD_WARPS=" << head_warps << " STAGES=" << (stages ? stages : "unset") << " heads " << g.n_q_heads
+                           << "/" << g.n_kv_heads << " d " << g.head_dim << " rows " << c.attn.seqs.size()
+                           << " block " << c.block_size);
+        const AttnInputs in = make_attn_inputs(rng, DType::bf16, g, c.block_size, c.attn.seqs);
+        const std::int64_t t = in.paged.batch.num_tokens(), d = g.head_dim;
+        const QkTransform tr = gpu_qwen3_transform(be, in, d);
+        const DeviceBatch gb = be.gpu->upload_batch(in.paged.batch);
+        auto run = [&](const char* bulk) {
+          const ScopedEnv env_bulk("XSERV_CUDA_ATTN_BULK", bulk);
+          KvLayer cache{be.gpu_tensor(in.k_cache, DType::bf16, in.cache_shape),
+                        be.gpu_tensor(in.v_cache, DType::bf16, in.cache_shape)};
+          Tensor qkv = be.gpu_tensor(in.qkv, DType::bf16, {t, g.qkv_width()});
+          Tensor out = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
+          be.gpu->qk_transform_store(qkv, g, tr, gb, cache);
+          be.gpu->attention(out, qkv, g, gb, cache, 1.0f / std::sqrt(static_cast<float>(d)));
+          return be.read(out);
+        };
+        const auto copied = run("0"), bulk = run("1");
+        REQUIRE(copied.size() == bulk.size());
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < bulk.size(); ++i) differ += std::memcmp(&copied[i], &bulk[i], sizeof(float)) != 0;
+        CHECK(differ == 0);
+        const ScopedEnv env_bulk("XSERV_CUDA_ATTN_BULK", "1");
+        INFO("XSERV_CUDA_ATTN_BULK=1 against the CPU");
+        run_attention_case(be, rng, DType::bf16, c.attn, c.block_size, false, true);
+      }
     }
   }
 }
