@@ -1543,6 +1543,8 @@ std::int32_t rows_split_keys() noexcept {
 // of max_splits splits of 8 heads.
 template <int D, int Stages, int Warps, bool Bulk = false>
 constexpr int mma_max_smem() {
+  // The end-of-kernel merge reuses the rings, never the bulk form's mbarriers after them.
+  static_assert(!Bulk || merge_bytes(8, max_splits, Warps * 32) <= DecodeLayout<D, Stages, Warps, Bulk>::rings_bytes);
   return std::max(DecodeLayout<D, Stages, Warps, Bulk>::ring_bytes, merge_bytes(8, max_splits, Warps * 32));
 }
 
