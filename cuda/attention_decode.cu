@@ -1585,14 +1585,15 @@ int mma_blocks_per_sm(std::int32_t head_dim, int stages) {
 // copies and barriers compile to nothing).
 template <int D, int Stages, int Warps, bool HeadWarps>
 bool bulk_launch() {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_BULK");
+  if (env == nullptr || std::atoi(env) != 1) return false;  // the default path never loads the form
   static const bool usable = [] {
     cudaFuncAttributes attr{};
     return cudaFuncGetAttributes(&attr, attention_decode_mma_kernel<D, Stages, false, Warps, HeadWarps, true>) ==
                cudaSuccess &&
            attr.binaryVersion >= 90;
   }();
-  const char* env = std::getenv("XSERV_CUDA_ATTN_BULK");
-  return usable && env != nullptr && std::atoi(env) == 1;
+  return usable;
 }
 
 template <int D, int Stages, bool Fused, int Warps = mma_warps, bool Bulk = false>
