@@ -738,12 +738,23 @@ __global__ void __launch_bounds__(Warps * 32)
   const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
   const int bs = p.block_size, shift = __ffs(bs) - 1;
   const bool pow2 = (bs & (bs - 1)) == 0;
-  auto chunk_offset = [&](int i) -> long long {  // element offset of this lane's key; -1: none
-    const int key = k_begin + (first_chunk + i * chunk_warps) * chunk_keys + (lane & (chunk_keys - 1));
-    if (i >= my_chunks || key >= k_end) return -1;
-    const int blk = pow2 ? key >> shift : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
-    return ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
+  // A lane's key of chunk i, its block-table entry (a global load; -1: no key) and the element
+  // offset of its K/V row (-1: none). The load and the arithmetic are apart so the key loop can
+  // read entries ahead and use them later: a load's first use is where the warp waits for it.
+  auto chunk_key = [&](int i) {
+    return k_begin + (first_chunk + i * chunk_warps) * chunk_keys + (lane & (chunk_keys - 1));
   };
+  auto chunk_block = [&](int i) -> int {
+    const int key = chunk_key(i);
+    if (i >= my_chunks || key >= k_end) return -1;
+    return table[pow2 ? key >> shift : key / bs];
+  };
+  auto offset_of = [&](int i, int block) -> long long {
+    if (block < 0) return -1;
+    const int key = chunk_key(i), in_blk = pow2 ? key & (bs - 1) : key % bs;
+    return ((static_cast<long long>(block) * bs + in_blk) * p.n_kv_heads + kvh) * D;
+  };
+  auto chunk_offset = [&](int i) -> long long { return offset_of(i, chunk_block(i)); };
   auto copy_chunk = [&](int i, long long off) {
     if constexpr (Bulk) {
       // Lane l < 16 copies the K row of key l of the chunk, lane 16 + l its V row, one bulk copy
@@ -872,10 +883,17 @@ __global__ void __launch_bounds__(Warps * 32)
   for (int j = 0; j < dtiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m = -CUDART_INF_F, l = 0.0f;
 
+  // The block-table entries of the next copies are read two chunks ahead of their copy: read
+  // one iteration ahead and used at once (the offset's arithmetic), the warp waited for the
+  // table's L2/DRAM round trip once per chunk (ncu, 2026-12-06: a third of the 8B long-context
+  // kernel's stall samples, a quarter of the 128-row one's, on that one instruction).
   long long next_off = first_offs[Stages - 1];
+  int ahead[2] = {chunk_block(Stages), chunk_block(Stages + 1)};  // entries of chunks i + Stages, + 1
   for (int i = 0; i < my_chunks; ++i) {
     copy_chunk(i + Stages - 1, next_off);  // into the buffer chunk i - 1 used
-    next_off = chunk_offset(i + Stages);   // its table read hides behind this chunk
+    next_off = offset_of(i + Stages, ahead[0]);  // read two iterations ago
+    ahead[0] = ahead[1];
+    ahead[1] = chunk_block(i + Stages + 2);      // first used two iterations on
     if constexpr (Bulk) {
       mbar_wait(&bars[i % Stages], static_cast<unsigned>(i / Stages) & 1u);  // chunk i has landed
     } else {
