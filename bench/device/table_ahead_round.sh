@@ -25,7 +25,7 @@ if [ -n "${BASE_SRC:-}" ]; then
 else
   V="new:/tmp/b"
 fi
-# Variants are NAME:BUILD[:ENV=V,...]; ROUND_VARIANTS adds some (e.g. hw2:/tmp/b:XSERV_CUDA_ATTN_HEAD_WARPS=2).
+# Variants are NAME:BUILD[:ENV=V,...]; ROUND_VARIANTS adds some (e.g. stages2:/tmp/b:XSERV_CUDA_ATTN_STAGES=2).
 V="$V ${ROUND_VARIANTS:-}"
 dir_of() { local r=${1#*:}; echo "${r%%:*}"; }
 env_of() { local r=${1#*:}; [[ $r == *:* ]] && echo "${r#*:}" | tr ',' ' '; }
