@@ -450,9 +450,9 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
 inline constexpr int sample_topk_max_k = 1024;
 inline constexpr int sample_topk_max_candidates = 4096;
 int sample_topk_candidates(std::int64_t vocab, int k_max);
-// Blocks a row of a greedy batch (k_max = 1) is split over: 64, or XSERV_CUDA_SAMPLE_GREEDY_BLOCKS
-// (read once; opt-in while measured), whose form also reads the blocks' keys with the whole last
-// block (sampling_topk.cu says why).
+// Blocks a row of a greedy batch (k_max = 1) is split over: 256, or XSERV_CUDA_SAMPLE_GREEDY_BLOCKS
+// (read once); at any count but 64 the whole last block reads the blocks' keys, at 64 its thread 0
+// alone, the form before 2026-12-06 (sampling_topk.cu says why).
 int sample_greedy_blocks() noexcept;
 void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,

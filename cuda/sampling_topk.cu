@@ -23,11 +23,13 @@
 //   to finish phase 1 (an atomic ticket it resets) takes that maximum and writes the id, and the
 //   1024-thread sort kernel and its launch between two decode steps go away. Same id: the
 //   largest key is the sort's first.
-// Greedy batches (k_max = 1) split a row over sample_greedy_blocks() blocks: 64 by default, where
-//   each thread loads ~9 logits in three dependent batches and the last block's thread 0 reads
-//   the 64 best keys alone; XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=N (opt-in, issue 12, 2026-12-05) runs
-//   N blocks (2-3 logits a thread at 256, one batch of loads) and the last block reads the keys
-//   with all its threads (greedy_finish_block). Same id: the largest key of the row either way.
+// Greedy batches (k_max = 1) split a row over sample_greedy_blocks() blocks: 256 by default (2-3
+//   logits a thread over Qwen3's vocabulary, one batch of loads), and the last block reads the
+//   blocks' keys with all its threads (greedy_finish_block). XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=64 is
+//   the form before 2026-12-06: each thread loads ~9 logits in three dependent batches and the
+//   last block's thread 0 reads the 64 best keys alone. Same id: the largest key of the row either
+//   way. Measured (docs/benchmarks.md, "Batch-1 decode of Qwen3-0.6B and 1.7B on an H200, opt-in
+//   switches"): H200 batch-1 decode Qwen3-0.6B +0.3%, 1.7B +0.2%; H100 GPT-2 +0.7%.
 #include <cstdlib>
 #include <string_view>
 
@@ -291,7 +293,7 @@ int sample_greedy_blocks() noexcept {
   static const int blocks = [] {
     const char* v = std::getenv("XSERV_CUDA_SAMPLE_GREEDY_BLOCKS");
     const int n = v ? std::atoi(v) : 0;
-    return n > 0 ? std::min(n, sample_topk_max_candidates) : 64;
+    return n > 0 ? std::min(n, sample_topk_max_candidates) : 256;
   }();
   return blocks;
 }
