@@ -28,8 +28,8 @@
 //   blocks' keys with all its threads (greedy_finish_block). XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=64 is
 //   the form before 2026-12-06: each thread loads ~9 logits in three dependent batches and the
 //   last block's thread 0 reads the 64 best keys alone. Same id: the largest key of the row either
-//   way. Measured (docs/benchmarks.md, "Batch-1 decode of Qwen3-0.6B and 1.7B on an H200, opt-in
-//   switches"): H200 batch-1 decode Qwen3-0.6B +0.3%, 1.7B +0.2%; H100 GPT-2 +0.7%.
+//   way. Measured (docs/benchmarks.md, "Every goal row on an H200 again"): H200 batch-1 decode
+//   Qwen3-0.6B +0.3%, 1.7B +0.2%; H100 GPT-2 +0.7%.
 #include <cstdlib>
 #include <string_view>
 
