@@ -1350,7 +1350,7 @@ std::size_t CudaBackend::enqueue_sample(Tensor logits, const SamplingBatch& para
   }
   if (k_max <= sample_topk_max_k) {
     ensure_scratch(sample_candidates_, static_cast<std::size_t>(rows) *
-                                           static_cast<std::size_t>(sample_topk_candidates(vocab, k_max)) * 8);
+                                           static_cast<std::size_t>(sample_topk_candidates(vocab, k_max, rows)) * 8);
     unsigned* tickets = nullptr;
     if (sample_one_pass_ && k_max == 1) {
       const std::size_t bytes = static_cast<std::size_t>(rows) * sizeof(unsigned);

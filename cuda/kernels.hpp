@@ -449,16 +449,18 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
                    void* select, std::int32_t* out_ids);
 // The same sampling when every row is greedy or has 0 < top_k <= k_max <= sample_topk_max_k
 // (sampling_topk.cu): the row split over many blocks, then a draw over the candidates.
-// `candidates` holds rows * sample_topk_candidates(vocab, k_max) u64 keys. With `tickets`
+// `candidates` holds rows * sample_topk_candidates(vocab, k_max, rows) u64 keys. With `tickets`
 // (rows zeroed unsigned, left zeroed) and every row greedy (k_max = 1), one kernel: the last block
 // of a row picks its id (XSERV_CUDA_SAMPLE_ONE_PASS); otherwise the candidates and the draw kernel.
 inline constexpr int sample_topk_max_k = 1024;
 inline constexpr int sample_topk_max_candidates = 4096;
-int sample_topk_candidates(std::int64_t vocab, int k_max);
-// Blocks a row of a greedy batch (k_max = 1) is split over: 256, or XSERV_CUDA_SAMPLE_GREEDY_BLOCKS
-// (read once); at any count but 64 the whole last block reads the blocks' keys, at 64 its thread 0
-// alone, the form before 2026-12-06 (sampling_topk.cu says why).
-int sample_greedy_blocks() noexcept;
+int sample_topk_candidates(std::int64_t vocab, int k_max, std::int32_t rows);
+// Blocks a row of a greedy batch (k_max = 1) of `rows` rows is split over: 256 up to
+// greedy_wide_rows rows, 64 above, or XSERV_CUDA_SAMPLE_GREEDY_BLOCKS at any size (read once); at
+// any count but 64 the whole last block reads the blocks' keys, at 64 its thread 0 alone
+// (sampling_topk.cu says why).
+inline constexpr std::int32_t greedy_wide_rows = 4;
+int sample_greedy_blocks(std::int32_t rows) noexcept;
 void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, std::int64_t vocab,
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
                         void* candidates, unsigned* tickets, std::int32_t* out_ids);

@@ -23,13 +23,15 @@
 //   to finish phase 1 (an atomic ticket it resets) takes that maximum and writes the id, and the
 //   1024-thread sort kernel and its launch between two decode steps go away. Same id: the
 //   largest key is the sort's first.
-// Greedy batches (k_max = 1) split a row over sample_greedy_blocks() blocks: 256 by default (2-3
-//   logits a thread over Qwen3's vocabulary, one batch of loads), and the last block reads the
-//   blocks' keys with all its threads (greedy_finish_block). XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=64 is
-//   the form before 2026-12-06: each thread loads ~9 logits in three dependent batches and the
-//   last block's thread 0 reads the 64 best keys alone. Same id: the largest key of the row either
-//   way. Measured (docs/benchmarks.md, "Every goal row on an H200 again"): H200 batch-1 decode
-//   Qwen3-0.6B +0.3%, 1.7B +0.2%; H100 GPT-2 +0.7%.
+// Greedy batches (k_max = 1) split a row over sample_greedy_blocks(rows) blocks. Batches of up to
+//   greedy_wide_rows rows (batch-1 decode) take 256 (2-3 logits a thread over Qwen3's vocabulary,
+//   one batch of loads), and the last block reads the blocks' keys with all its threads
+//   (greedy_finish_block); measured (docs/benchmarks.md, "Every goal row on an H200 again"): H200
+//   batch-1 decode Qwen3-0.6B +0.3%, 1.7B +0.2%; H100 GPT-2 +0.7%. Larger batches keep 64, where
+//   each thread loads ~9 logits in three dependent batches and the last block's thread 0 reads
+//   the 64 best keys alone (256 a row at 128 rows would be 32768 blocks; not measured).
+//   XSERV_CUDA_SAMPLE_GREEDY_BLOCKS=N sets N at every batch size (64: the form before 2026-12-06).
+//   Same id: the largest key of the row either way.
 #include <cstdlib>
 #include <string_view>
 
@@ -289,17 +291,18 @@ __global__ void __launch_bounds__(phase2_threads)
 
 }  // namespace
 
-int sample_greedy_blocks() noexcept {
-  static const int blocks = [] {
+int sample_greedy_blocks(std::int32_t rows) noexcept {
+  static const int forced = [] {
     const char* v = std::getenv("XSERV_CUDA_SAMPLE_GREEDY_BLOCKS");
     const int n = v ? std::atoi(v) : 0;
-    return n > 0 ? std::min(n, sample_topk_max_candidates) : 256;
+    return n > 0 ? std::min(n, sample_topk_max_candidates) : 0;
   }();
-  return blocks;
+  if (forced > 0) return forced;
+  return rows <= greedy_wide_rows ? 256 : 64;
 }
 
-int sample_topk_candidates(std::int64_t vocab, int k_max) {
-  const int blocks = k_max <= 1 ? sample_greedy_blocks()
+int sample_topk_candidates(std::int64_t vocab, int k_max, std::int32_t rows) {
+  const int blocks = k_max <= 1 ? sample_greedy_blocks(rows)
                                 : std::max(1, std::min<int>(64, sample_topk_max_candidates / std::max(k_max, 1)));
   return static_cast<int>(std::min<std::int64_t>(blocks, vocab)) * k_max;
 }
@@ -308,7 +311,7 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
                         const SamplingRowParams* params, const std::uint32_t* counts, int k_max,
                         void* candidates, unsigned* tickets, std::int32_t* out_ids) {
   if (rows == 0) return;
-  const int n_cand = sample_topk_candidates(vocab, k_max);
+  const int n_cand = sample_topk_candidates(vocab, k_max, rows);
   const int blocks = n_cand / k_max;
   int n_pow2 = 1;
   while (n_pow2 < n_cand) n_pow2 <<= 1;
@@ -320,7 +323,7 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
   unsigned* one_pass = k_max == 1 && !legacy ? tickets : nullptr;
   topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
                            stream>>>(logits, vocab, params, counts, k_max, legacy, cand, one_pass, out_ids,
-                                                     sample_greedy_blocks() != 64);
+                                                     sample_greedy_blocks(rows) != 64);
   XSERV_CUDA_LAUNCH_CHECK();
   if (one_pass != nullptr) return;
   const std::size_t smem = static_cast<std::size_t>(n_pow2) * sizeof(u64);
