@@ -21,8 +21,9 @@ gb() {  # label, env, model
     --prompt-len 128 --gen-len 128 --repeat 2 >"$f" 2>&1
   echo "$(date -u +%T) $3 $1 [$2]: $(grep -E '^\| 1 ' "$f" | tail -1 | awk -F'|' '{print $4}')"
 }
+# KV_MODELS: the models of the two passes (default 0.6B and 1.7B; KV_8B=0 leaves out the 8B pair).
 for pass in 1 2; do
-  for m in qwen3-0.6b qwen3-1.7b; do gb base "" $m; gb kv XSERV_CUDA_ATTN_KV_NEXT=1 $m; done
+  for m in ${KV_MODELS:-qwen3-0.6b qwen3-1.7b}; do gb base "" $m; gb kv XSERV_CUDA_ATTN_KV_NEXT=1 $m; done
 done
-gb base "" qwen3-8b; gb kv XSERV_CUDA_ATTN_KV_NEXT=1 qwen3-8b
+[ "${KV_8B:-1}" = 0 ] || { gb base "" qwen3-8b; gb kv XSERV_CUDA_ATTN_KV_NEXT=1 qwen3-8b; }
 echo "== done in ${SECONDS} s"
