@@ -325,11 +325,6 @@ class CudaBackend final : public Backend {
   // most 32), by default the plain skinny GEMM's limit. The fusion saves two or three kernels, so
   // it can pay at rows where the plain skinny GEMM loses to cuBLASLt.
   std::int64_t skinny_fuse_rows_ = -1;
-  // XSERV_CUDA_SKINNY_QKV_WARPS=N: rms_norm_gemm without SwiGLU (Qwen3's q|k|v) at skinny rows
-  // runs its GEMM in blocks of at most N warps, so that the attention launched after it finds
-  // registers free on every SM and starts its K/V copies while the GEMM runs (Qwen3-8B at 16
-  // rows: 192 blocks of 8 warps otherwise; opt-in, for comparisons). 0: the usual split.
-  int skinny_qkv_warps_ = 0;
   // XSERV_CUDA_SKINNY_STATS=block: every block of the fused kernel computes the row statistics
   // itself instead of sharing them through skinny_norm_scratch_ (for comparisons).
   bool skinny_block_stats_ = false;
@@ -398,7 +393,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE")) skinny_fuse_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_FUSE_ROWS")) skinny_fuse_rows_ = std::atoll(env);
   if (skinny_fuse_rows_ < 0) skinny_fuse_rows_ = skinny_rows_;
-  if (const char* env = std::getenv("XSERV_CUDA_SKINNY_QKV_WARPS")) skinny_qkv_warps_ = std::clamp(std::atoi(env), 0, 16);
   if (const char* env = std::getenv("XSERV_CUDA_RESID_SPLITS")) {
     // At most 8 parts either way (the kN rule's bound): the f32 partials are parts x 256 rows x N.
     if (env[0] == 'k') resid_part_k_ = std::max(0, std::atoi(env + 1));
@@ -906,13 +900,6 @@ void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tenso
     rms_norm(h_scratch, x, {}, norm_weight, eps);
     launch_skinny_norm_gemm(stream_, out.data, h_scratch.data, nullptr, eps, w.data, true, m, rows, k, sm_count_,
                             nullptr, skinny_next);
-    return;
-  }
-  if (shapes_ok && dtypes_ok && !swiglu && skinny_qkv_warps_ > 0 && h_scratch.shape == x.shape &&
-      h_scratch.dtype == dt && skinny_gemm_supported(dt, m, rows, k, h_scratch.data, w.data, skinny_rows_)) {
-    rms_norm(h_scratch, x, {}, norm_weight, eps);
-    launch_skinny_gemm(stream_, dt, out.data, rows, h_scratch.data, w.data, nullptr, 0.0f, m, rows, k, sm_count_,
-                       skinny_qkv_warps_);
     return;
   }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.

@@ -430,10 +430,9 @@ int big_warps() {
 }
 
 template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>
-void launch_mt_mode(cudaStream_t stream, const SkinnyParams& p, int sm_count, int warps_cap) {
+void launch_mt_mode(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, M>();
-  int limit = M == Mode::deep ? deep_max_warps : max_warps;
-  if (warps_cap > 0) limit = std::min(limit, warps_cap);
+  const int limit = M == Mode::deep ? deep_max_warps : max_warps;
   int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count, limit, M == Mode::deep);
   if (const int big = big_warps(); big > 0 && p.n / slab_rows > per_sm * sm_count)
     warps = std::min({big, limit, p.k / k_step});
@@ -457,25 +456,25 @@ int deep_bits() {
 }
 
 template <int MT, typename OutT, bool Norm = false, bool Swiglu = false>
-void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count, int warps_cap) {
+void launch_mt(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   const int kind = Swiglu ? 2 : std::is_same_v<OutT, float> ? 4 : 1;
   if constexpr (!Norm) {
     if ((deep_bits() & kind) != 0) {
-      launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::deep>(stream, p, sm_count, warps_cap);
+      launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::deep>(stream, p, sm_count);
       return;
     }
   }
-  if (act_ahead()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ahead>(stream, p, sm_count, warps_cap);
-  else launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::regs>(stream, p, sm_count, warps_cap);
+  if (act_ahead()) launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::ahead>(stream, p, sm_count);
+  else launch_mt_mode<MT, OutT, Norm, Swiglu, Mode::regs>(stream, p, sm_count);
 }
 
 template <typename OutT, bool Norm = false, bool Swiglu = false>
-void launch_typed(cudaStream_t stream, const SkinnyParams& p, int sm_count, int warps_cap = 0) {
+void launch_typed(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
   switch ((p.m + 7) / 8) {
-    case 1: launch_mt<1, OutT, Norm, Swiglu>(stream, p, sm_count, warps_cap); break;
-    case 2: launch_mt<2, OutT, Norm, Swiglu>(stream, p, sm_count, warps_cap); break;
-    case 3: launch_mt<3, OutT, Norm, Swiglu>(stream, p, sm_count, warps_cap); break;
-    default: launch_mt<4, OutT, Norm, Swiglu>(stream, p, sm_count, warps_cap); break;
+    case 1: launch_mt<1, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    case 2: launch_mt<2, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    case 3: launch_mt<3, OutT, Norm, Swiglu>(stream, p, sm_count); break;
+    default: launch_mt<4, OutT, Norm, Swiglu>(stream, p, sm_count); break;
   }
 }
 
@@ -494,12 +493,12 @@ bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_
 
 void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
                         const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
-                        std::int64_t k, int sm_count, int warps_cap) {
+                        std::int64_t k, int sm_count) {
   const SkinnyParams p{out, ldo, static_cast<const bf16*>(a), static_cast<const bf16*>(w),
                        static_cast<const bf16*>(bias), beta, static_cast<int>(m), static_cast<int>(n),
                        static_cast<int>(k)};
-  if (out_dt == DType::f32) launch_typed<float>(stream, p, sm_count, warps_cap);
-  else launch_typed<bf16>(stream, p, sm_count, warps_cap);
+  if (out_dt == DType::f32) launch_typed<float>(stream, p, sm_count);
+  else launch_typed<bf16>(stream, p, sm_count);
 }
 
 bool skinny_norm_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* x,

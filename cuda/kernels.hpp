@@ -243,11 +243,9 @@ constexpr std::int64_t max_skinny_gemm_rows = 32;
 constexpr std::int64_t default_skinny_gemm_rows = 16;
 bool skinny_gemm_supported(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                            const void* w, std::int64_t max_rows) noexcept;
-// warps_cap > 0: at most that many warps a block (the split of K is otherwise chosen so every SM
-// streams); the caller leaves room on the SMs for a kernel that follows (CudaBackend's q|k|v).
 void launch_skinny_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a,
                         const void* w, const void* bias, float beta, std::int64_t m, std::int64_t n,
-                        std::int64_t k, int sm_count, int warps_cap = 0);
+                        std::int64_t k, int sm_count);
 // The same kernel as a pre-norm block's input side (Backend::rms_norm_gemm at 5..32 rows, bf16):
 // out = RMSNorm(x) * norm_weight . W^T, the normalised rows rounded as launch_norm rounds them;
 // with swiglu, W holds n rows (gate, then up) and out [m, n / 2] = silu(y_gate) * y_up as
