@@ -245,10 +245,16 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
-__device__ __forceinline__ void grid_dependency_wait() {
+// The wait alone, for a kernel that lets the next one launch later than its wait (it must then
+// call allow_dependents() itself, or the next kernel launches when this one's blocks exit).
+__device__ __forceinline__ void grid_dependency_wait_only() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+  grid_dependency_wait_only();
   allow_dependents();
 }
 

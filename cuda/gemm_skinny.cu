@@ -89,7 +89,16 @@ struct SkinnyParams {
   // Asked into L2 once a warp's weight loads are done, a slice a warp (launch_skinny_norm_gemm).
   const unsigned char* l2_next = nullptr;
   std::int64_t l2_next_bytes = 0;
+  int trigger = 0;  // when the next kernel may launch: a Trigger (XSERV_CUDA_SKINNY_TRIGGER)
 };
+
+// When a block lets the next kernel on the stream launch (griddepcontrol.launch_dependents):
+// at its start (the default: the kernel was written before common.cuh's rule of triggering after
+// the wait, and batched decode was never measured otherwise), after its dependency wait (the rule
+// every other PDL kernel follows: at most two kernels of a chain resident), or after its K loop
+// (the next kernel's blocks, e.g. the down_proj's 16-warp ones after the gate|up, then take no
+// registers while this one streams). The next kernel's results are the same either way.
+enum Trigger : int { trigger_start = 0, trigger_wait = 1, trigger_end = 2 };
 
 // h = bf16(bf16(x * rstd) * g) for the 8 values of a fragment word quad (as norm.cu rounds).
 __device__ __forceinline__ uint4 normalise8(uint4 x, uint4 g, float rstd) {
@@ -221,7 +230,7 @@ __global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps)
   extern __shared__ float s_acc[];  // [warps][MT * 8][smem_stride]
   __shared__ float s_rstd[Norm ? stat_rows : 1];
   __shared__ unsigned s_ticket;
-  allow_dependents();
+  if (p.trigger == trigger_start) allow_dependents();
   const int warps = blockDim.x >> 5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -262,7 +271,9 @@ __global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps)
         for (int c = 0; c < 2; ++c) w_after[r][c] = load_stream(wrow[r] + (s + warps) * k_step + c * 32);
     }
   }
-  grid_dependency_wait();  // the activations come from the kernel before this one
+  // The activations come from the kernel before this one.
+  if (p.trigger == trigger_end) grid_dependency_wait_only();
+  else grid_dependency_wait();
   [[maybe_unused]] float rstd[MT];
   if constexpr (Norm) {
     // The next few steps' weights stream into L2 while the block waits for the row statistics.
@@ -341,6 +352,7 @@ __global__ void __launch_bounds__((M == Mode::deep ? deep_max_warps : max_warps)
         }
   }
 
+  if (p.trigger == trigger_end) allow_dependents();
   if (p.l2_next_bytes > 0 && lane == 0)
     prefetch_slice_l2(p.l2_next, p.l2_next_bytes, blockIdx.x * warps + warp, gridDim.x * warps);
 
@@ -429,8 +441,17 @@ int big_warps() {
   return env ? std::clamp(std::atoi(env), 0, max_warps) : default_big_warps;
 }
 
+// XSERV_CUDA_SKINNY_TRIGGER=start|wait|end (read at every launch, for comparisons): a Trigger.
+int trigger_mode() {
+  const char* env = std::getenv("XSERV_CUDA_SKINNY_TRIGGER");
+  if (!env) return trigger_start;
+  const std::string_view v(env);
+  return v == "wait" ? trigger_wait : v == "end" ? trigger_end : trigger_start;
+}
+
 template <int MT, typename OutT, bool Norm, bool Swiglu, Mode M>
-void launch_mt_mode(cudaStream_t stream, const SkinnyParams& p, int sm_count) {
+void launch_mt_mode(cudaStream_t stream, SkinnyParams p, int sm_count) {
+  p.trigger = trigger_mode();
   const int per_sm = warps_per_sm<MT, OutT, Norm, Swiglu, M>();
   const int limit = M == Mode::deep ? deep_max_warps : max_warps;
   int warps = warps_for(p.n / slab_rows, p.k / k_step, per_sm, sm_count, limit, M == Mode::deep);

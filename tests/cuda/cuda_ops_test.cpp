@@ -489,6 +489,22 @@ TEST_CASE("cuda rms_norm_gemm at 5-32 rows: the skinny GEMM with the norm prolog
         check_on(*unfused);
       }
       for (auto& b : one) check_on(*b);
+      for (const char* mode : {"wait", "end"}) {
+        // When the blocks let the next kernel launch (XSERV_CUDA_SKINNY_TRIGGER, read at every
+        // launch) changes nothing they compute: the same bits, fused and through the separate kernels.
+        INFO("XSERV_CUDA_SKINNY_TRIGGER=" << mode);
+        const ScopedEnv trigger("XSERV_CUDA_SKINNY_TRIGGER", mode);
+        Tensor tout = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->rms_norm_gemm(tout, gx, gg, 1e-6f, gw, swiglu, be.gpu_poisoned(dt, {c.m, c.k}),
+                              swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor());
+        CHECK(be.read(tout) == fused[0]);
+        Tensor sout = be.gpu_poisoned(dt, {c.m, c.n});
+        Tensor sh = be.gpu_poisoned(dt, {c.m, c.k}), sy = swiglu ? be.gpu_poisoned(dt, {c.m, rows}) : Tensor();
+        be.gpu->synchronize();
+        unfused->rms_norm_gemm(sout, gx, gg, 1e-6f, gw, swiglu, sh, sy);
+        unfused->synchronize();
+        CHECK(be.read(sout) == separate);
+      }
       {
         // Two steps of weights in flight (XSERV_CUDA_SKINNY_DEEP, read at every launch; not with
         // the norm prologue), on the SwiGLU-alone backend (the default) and the separate kernels
