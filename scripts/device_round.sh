@@ -32,6 +32,9 @@ for n in $names; do
   tar --exclude=./.git --exclude=./.devdeps -cf - . | tar -xf - -C /tmp/t
   ln -s "$root/.devdeps" /tmp/t/.devdeps
   t0=$(date +%s)
+  # The patch's files replace the tree's: name them, since a stale patch.tgz left in a request
+  # folder silently brings back old versions of files (an empty patch: the tree as it is).
+  echo "$n: patch of $(tar tzf "$d/patch.tgz" | grep -vc '/$') files: $(tar tzf "$d/patch.tgz" | grep -v '/$' | head -8 | tr '\n' ' ')"
   (cd /tmp/t && tar xzmf "$d/patch.tgz" && OUT=/tmp/o/$n timeout "${LIMIT:-250}" bash "$d/run.sh") \
     >"/tmp/o/$n/stdout.txt" 2>&1
   rc=$?
