@@ -187,6 +187,83 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
   }
 }
 
+// Hopper's warpgroup MMA kernel (gemm_wgmma.cu) at 17-128 rows: activation tiles of 32, 64 and
+// 128 rows (partial ones included), K in 1-8 parts summed over a cluster (forced through
+// XSERV_CUDA_WGMMA_SPLITS, read at every launch, and the kernel's own choice), bf16 out with and
+// without the residual (beta = 1), strided, and f32 logits, against the CPU backend; the same
+// parts twice give the same bits. On a compute-capability 9.0 device the kernel must be there
+// (a build for sm_90 compiles it for sm_90a); elsewhere the case says it was skipped.
+TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the CPU backend", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  const ScopedEnv rows_env("XSERV_CUDA_WGMMA_ROWS", "128");
+  GpuCpu be;
+  {
+    Tensor probe = be.gpu_poisoned(DType::bf16, {128, 128});
+    const bool supported = cuda::wgmma_gemm_supported(DType::bf16, DType::bf16, 64, 128, 128, probe.data, probe.data,
+                                                      probe.data, 128);
+    int dev = 0, major = 0, minor = 0;
+    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
+    if (major != 9 || minor != 0) {
+      WARN("not a compute-capability 9.0 device: the wgmma kernel is not used, test skipped");
+      return;
+    }
+    REQUIRE(supported);
+  }
+  std::mt19937 rng(29);
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  const Case cases[] = {{17, 64, 128},    {32, 192, 256},  {33, 2048, 384},  {64, 1024, 2048},
+                        {65, 640, 128},   {100, 4096, 512}, {128, 2048, 1024}, {128, 6144, 256},
+                        {96, 12288, 128}, {40, 512, 4096}};
+  const DType dt = DType::bf16;
+  for (const auto& c : cases) {
+    auto a = randn(rng, static_cast<std::size_t>(c.m * c.k));
+    auto w = randn(rng, static_cast<std::size_t>(c.n * c.k), 0.05f);
+    for (auto* v : {&a, &w}) round_through(*v, dt);
+    const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gw = be.gpu_tensor(w, dt, {c.n, c.k});
+    for (const char* splits : {"", "1", "2", "3", "8"}) {
+      const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool accumulate = variant == 1, f32_out = variant == 2;
+        const bool strided = variant == 0 && c.m % 2 == 1;
+        const DType out_dt = f32_out ? DType::f32 : dt;
+        INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto")
+                  << " beta=" << accumulate << " f32_out=" << f32_out << " strided=" << strided);
+        const std::int64_t ldo = strided ? c.n + 64 : c.n;
+        auto out0 = randn(rng, static_cast<std::size_t>(c.m * ldo));
+        round_through(out0, out_dt);
+        auto want = out0;
+        be.cpu.gemm(Tensor(want.data(), DType::f32, {c.m, c.n}), host_view(a, {c.m, c.k}), host_view(w, {c.n, c.k}),
+                    WeightLayout::out_in, Tensor(), accumulate ? 1.0f : 0.0f, ldo);
+        std::vector<float> runs[2];
+        for (auto& got : runs) {
+          Tensor gout = accumulate ? be.gpu_tensor(out0, out_dt, {c.m, ldo}) : be.gpu_poisoned(out_dt, {c.m, ldo});
+          be.gpu->gemm(Tensor(gout.data, out_dt, {c.m, c.n}, gout.device), ga, gw, WeightLayout::out_in, Tensor(),
+                       accumulate ? 1.0f : 0.0f, ldo);
+          got = be.read(gout);
+        }
+        CHECK(runs[0] == runs[1]);
+        std::vector<float> g2, w2;
+        for (std::int64_t i = 0; i < c.m; ++i)
+          for (std::int64_t j = 0; j < c.n; ++j) {
+            g2.push_back(runs[0][static_cast<std::size_t>(i * ldo + j)]);
+            w2.push_back(want[static_cast<std::size_t>(i * ldo + j)]);
+          }
+        // As the cuBLASLt case above: f32 sums of k products of std ~0.05, one rounding to out_dt.
+        const double scale = 0.05 * std::sqrt(static_cast<double>(c.k));
+        require_close(g2, w2, (f32_out ? 1e-4 : 1e-2) * scale + 1e-6, f32_out ? 1e-4 : 1.5e-2);
+        if (strided) {
+          for (std::int64_t i = 0; i < c.m; ++i)  // the columns past N are untouched (still NaN)
+            REQUIRE(std::isnan(runs[0][static_cast<std::size_t>(i * ldo + c.n)]));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture takes the heuristic", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -524,8 +601,15 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
   XSERV_REQUIRE_CUDA_DEVICE();
   // Backends by XSERV_CUDA_RESID_SPLITS (read at construction): 0 runs the separate ops (cuBLASLt
   // with beta = 1, rms_norm, cuBLASLt, swiglu), the others the K parts and the one sum+norm kernel.
-  const std::vector<const char*> split_values = {"0", "1", "2", "3", "4"};
-  const auto gpus = backends_by_env("XSERV_CUDA_RESID_SPLITS", split_values);
+  std::vector<const char*> split_values = {"0", "1", "2", "3", "4"};
+  auto gpus = backends_by_env("XSERV_CUDA_RESID_SPLITS", split_values);
+  {
+    // And the warpgroup MMA kernel (gemm_wgmma.cu, on compute capability 9.0), which sums its K
+    // parts itself and hands one part to the sum+norm kernel.
+    const ScopedEnv wgmma("XSERV_CUDA_WGMMA_ROWS", "128");
+    gpus.push_back(cuda::make_cuda_backend(BackendOptions{}));
+    split_values.push_back("2, XSERV_CUDA_WGMMA_ROWS=128");
+  }
   GpuCpu be;
   std::mt19937 rng(41);
   struct Case {
