@@ -915,6 +915,13 @@ void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tenso
                             nullptr, skinny_next);
     return;
   }
+  if (shapes_ok && dtypes_ok && swiglu && m <= wgmma_rows_ && h_scratch.shape == x.shape && h_scratch.dtype == dt &&
+      wgmma_gemm_supported(dt, dt, m, rows, k, h_scratch.data, w.data, out.data, rows)) {
+    // Up to 128 rows: the warpgroup MMA kernel with the SwiGLU in its epilogue.
+    rms_norm(h_scratch, x, {}, norm_weight, eps);
+    launch_wgmma_swiglu(stream_, out.data, h_scratch.data, w.data, m, rows, k, sm_count_);
+    return;
+  }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
   Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
 }
@@ -994,6 +1001,10 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
   launch_residual_rms_norm(stream_, dt, x.data, h_scratch.data, partials, splits, norm_weight.data, eps, m, n);
   if (!swiglu) {
     gemm(out, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);
+    return;
+  }
+  if (m <= wgmma_rows_ && wgmma_gemm_supported(dt, dt, m, rows, n, h_scratch.data, w.data, out.data, rows)) {
+    launch_wgmma_swiglu(stream_, out.data, h_scratch.data, w.data, m, rows, n, sm_count_);  // SwiGLU in its epilogue
     return;
   }
   gemm(y_scratch, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);

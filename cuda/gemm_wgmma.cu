@@ -30,6 +30,10 @@
 // - Epilogue: the accumulators go through shared memory (transposed to [row][column]) so every
 //   output row is written as 128 consecutive columns; beta * out is added in f32 before the one
 //   rounding, as cuBLASLt's epilogue does.
+// - SwiGLU epilogue (launch_wgmma_swiglu, a Qwen3 gate|up): W holds 2n rows (gate, then up); the
+//   block's first warpgroup takes gate rows 64b.., its second the matching up rows n + 64b.. (two
+//   TMA boxes of 64 rows a stage), and the block writes out[:, 64b + j] = silu(y_g) * y_u with the
+//   swiglu kernel's roundings (y rounded to bf16, silu rounded, product rounded).
 // Two blocks an SM (~100 KB of shared memory each): one block's epilogue and ramp overlap the
 // other's stream. K parts are chosen so every SM holds a block (choose_splits).
 #include <cooperative_groups.h>
@@ -173,7 +177,7 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], std::uint64_t a,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int NA, typename OutT>
+template <int NA, typename OutT, bool Swiglu>
 __global__ void __launch_bounds__(threads, 2)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap amap, WgParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -184,7 +188,10 @@ __global__ void __launch_bounds__(threads, 2)
   auto* full = reinterpret_cast<std::uint64_t*>(smem + C::ring_bytes);
   std::uint64_t* empty = full + C::stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = blockIdx.x * tile_w, split = blockIdx.y;
+  // W rows of the block: n0.. (two warpgroups of 64), or with Swiglu gate rows n0.. and up rows
+  // n_up.. (64 each); output columns n0.. (128, or 64 with Swiglu).
+  const int n0 = blockIdx.x * (Swiglu ? tile_w / 2 : tile_w), split = blockIdx.y;
+  const int n_up = p.n / 2 + n0;
   const int k_steps = p.k / k_step;
   const int ks0 = k_steps * split / p.splits, steps = k_steps * (split + 1) / p.splits - ks0;
 
@@ -206,9 +213,13 @@ __global__ void __launch_bounds__(threads, 2)
     if (lane == 0) {
       const std::uint64_t pol_w = policy_evict_first(), pol_a = policy_evict_last();
       const int first = steps < C::stages ? steps : C::stages;
+      const auto load_w = [&](unsigned char* st, std::uint64_t* bar, int k) {
+        tma_load_2d(st, &wmap, bar, k, n0, pol_w);
+        if constexpr (Swiglu) tma_load_2d(st + w_stage_bytes / 2, &wmap, bar, k, n_up, pol_w);
+      };
       for (int i = 0; i < first; ++i) {
         mbar_expect_tx(&full[i], C::stage_bytes);
-        tma_load_2d(smem + i * C::stage_bytes, &wmap, &full[i], (ks0 + i) * k_step, n0, pol_w);
+        load_w(smem + i * C::stage_bytes, &full[i], (ks0 + i) * k_step);
       }
       grid_dependency_wait();
       for (int i = 0; i < first; ++i)
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(threads, 2)
         mbar_wait(&empty[s], ((i / C::stages) - 1) & 1);
         unsigned char* st = smem + s * C::stage_bytes;
         mbar_expect_tx(&full[s], C::stage_bytes);
-        tma_load_2d(st, &wmap, &full[s], (ks0 + i) * k_step, n0, pol_w);
+        load_w(st, &full[s], (ks0 + i) * k_step);
         tma_load_2d(st + w_stage_bytes, &amap, &full[s], (ks0 + i) * k_step, 0, pol_a);
       }
     } else {
@@ -265,38 +276,69 @@ __global__ void __launch_bounds__(threads, 2)
   const int rank = p.splits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
   const int rows = p.m < NA ? p.m : NA;
   const int lo = rows * rank / p.splits, hi = rows * (rank + 1) / p.splits;
-  const int col = (threadIdx.x % 32) * 4;
-  for (int row = lo + threadIdx.x / 32; row < hi; row += threads / 32) {
+  // 4 consecutive output columns a thread: 32 threads a row (16 with Swiglu, each also summing
+  // the matching up column 64 further).
+  constexpr int per_row = Swiglu ? tile_w / 8 : tile_w / 4;
+  const int col = (threadIdx.x % per_row) * 4;
+  for (int row = lo + threadIdx.x / per_row; row < hi; row += threads / per_row) {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int q = 0; q < p.splits; ++q) {
-      const float* src = p.splits > 1 ? cluster.map_shared_rank(tile, q) : tile;
-      const float4 t = *reinterpret_cast<const float4*>(src + row * acc_stride + col);
-      v.x += t.x;
-      v.y += t.y;
-      v.z += t.z;
-      v.w += t.w;
-    }
-    OutT* o = static_cast<OutT*>(p.out) + row * p.ldo + n0 + col;
-    if constexpr (std::is_same_v<OutT, float>) {
-      if (p.beta != 0.0f) {
-        const float4 old = *reinterpret_cast<const float4*>(o);
-        v.x += p.beta * old.x;
-        v.y += p.beta * old.y;
-        v.z += p.beta * old.z;
-        v.w += p.beta * old.w;
+    if constexpr (Swiglu) {
+      float4 u = v;
+      for (int q = 0; q < p.splits; ++q) {
+        const float* src = (p.splits > 1 ? cluster.map_shared_rank(tile, q) : tile) + row * acc_stride;
+        const float4 tg = *reinterpret_cast<const float4*>(src + col);
+        const float4 tu = *reinterpret_cast<const float4*>(src + tile_w / 2 + col);
+        v.x += tg.x;
+        v.y += tg.y;
+        v.z += tg.z;
+        v.w += tg.w;
+        u.x += tu.x;
+        u.y += tu.y;
+        u.z += tu.z;
+        u.w += tu.w;
       }
-      *reinterpret_cast<float4*>(o) = v;
+      const float gs[4] = {v.x, v.y, v.z, v.w}, us[4] = {u.x, u.y, u.z, u.w};
+      float r[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float g = __bfloat162float(__float2bfloat16_rn(gs[e])), up = __bfloat162float(__float2bfloat16_rn(us[e]));
+        const float silu = __bfloat162float(__float2bfloat16_rn(g / (1.0f + expf(-g))));
+        r[e] = silu * up;
+      }
+      __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(r[0], r[1]), __floats2bfloat162_rn(r[2], r[3])};
+      *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out) + row * p.ldo + n0 + col) =
+          *reinterpret_cast<const uint2*>(pair);
     } else {
-      auto* o2 = reinterpret_cast<__nv_bfloat162*>(o);
-      if (p.beta != 0.0f) {
-        const float2 a = __bfloat1622float2(o2[0]), b = __bfloat1622float2(o2[1]);
-        v.x += p.beta * a.x;
-        v.y += p.beta * a.y;
-        v.z += p.beta * b.x;
-        v.w += p.beta * b.y;
+      for (int q = 0; q < p.splits; ++q) {
+        const float* src = p.splits > 1 ? cluster.map_shared_rank(tile, q) : tile;
+        const float4 t = *reinterpret_cast<const float4*>(src + row * acc_stride + col);
+        v.x += t.x;
+        v.y += t.y;
+        v.z += t.z;
+        v.w += t.w;
       }
-      __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-      *reinterpret_cast<uint2*>(o) = *reinterpret_cast<const uint2*>(pair);
+      OutT* o = static_cast<OutT*>(p.out) + row * p.ldo + n0 + col;
+      if constexpr (std::is_same_v<OutT, float>) {
+        if (p.beta != 0.0f) {
+          const float4 old = *reinterpret_cast<const float4*>(o);
+          v.x += p.beta * old.x;
+          v.y += p.beta * old.y;
+          v.z += p.beta * old.z;
+          v.w += p.beta * old.w;
+        }
+        *reinterpret_cast<float4*>(o) = v;
+      } else {
+        auto* o2 = reinterpret_cast<__nv_bfloat162*>(o);
+        if (p.beta != 0.0f) {
+          const float2 a = __bfloat1622float2(o2[0]), b = __bfloat1622float2(o2[1]);
+          v.x += p.beta * a.x;
+          v.y += p.beta * a.y;
+          v.z += p.beta * b.x;
+          v.w += p.beta * b.y;
+        }
+        __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+        *reinterpret_cast<uint2*>(o) = *reinterpret_cast<const uint2*>(pair);
+      }
     }
   }
   if (p.splits > 1) cluster.sync();  // no block leaves while another still reads its tile
@@ -391,10 +433,10 @@ int choose_splits(int tiles, int k_steps, int sm_count) {
   return best;
 }
 
-template <int NA, typename OutT>
+template <int NA, typename OutT, bool Swiglu>
 void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& amap, const WgParams& p,
                int tiles) {
-  auto* kernel = wgmma_gemm_kernel<NA, OutT>;
+  auto* kernel = wgmma_gemm_kernel<NA, OutT, Swiglu>;
   static std::once_flag attr_once[64];
   int dev = 0;
   XSERV_CUDA_CHECK(cudaGetDevice(&dev));
@@ -425,14 +467,14 @@ void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& 
   XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, wmap, amap, p));
 }
 
-template <typename OutT>
+template <typename OutT, bool Swiglu>
 void launch_out(cudaStream_t stream, const CUtensorMap& wmap, const void* a, const WgParams& p, int tiles) {
   if (p.m <= 32) {
-    launch_na<32, OutT>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 32), p, tiles);
+    launch_na<32, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 32), p, tiles);
   } else if (p.m <= 64) {
-    launch_na<64, OutT>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 64), p, tiles);
+    launch_na<64, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 64), p, tiles);
   } else {
-    launch_na<128, OutT>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 128), p, tiles);
+    launch_na<128, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 128), p, tiles);
   }
 }
 
@@ -455,9 +497,17 @@ void launch_wgmma_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_
   p.splits = choose_splits(tiles, static_cast<int>(k / k_step), sm_count);
   const CUtensorMap wmap = tensor_map(w, n, k, k * 2, tile_w);
   if (out_dt == DType::f32)
-    launch_out<float>(stream, wmap, a, p, tiles);
+    launch_out<float, false>(stream, wmap, a, p, tiles);
   else
-    launch_out<bf16>(stream, wmap, a, p, tiles);
+    launch_out<bf16, false>(stream, wmap, a, p, tiles);
+}
+
+void launch_wgmma_swiglu(cudaStream_t stream, void* out, const void* a, const void* w, std::int64_t m, std::int64_t n,
+                         std::int64_t k, int sm_count) {
+  const int tiles = static_cast<int>(n / tile_w);  // 64 gate and 64 up rows a block
+  WgParams p{out, n / 2, 0.0f, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1};
+  p.splits = choose_splits(tiles, static_cast<int>(k / k_step), sm_count);
+  launch_out<bf16, true>(stream, tensor_map(w, n, k, k * 2, tile_w / 2), a, p, tiles);
 }
 
 }  // namespace xserv::cuda

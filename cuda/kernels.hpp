@@ -279,6 +279,11 @@ bool wgmma_gemm_supported(DType dt, DType out_dt, std::int64_t m, std::int64_t n
                           const void* w, const void* out, std::int64_t ldo) noexcept;
 void launch_wgmma_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w,
                        float beta, std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
+// The same with the SwiGLU in its epilogue (a Qwen3 gate|up): W holds n rows (gate, then up) and
+// out [m, n / 2] (bf16, contiguous) = silu(y_gate) * y_up as launch_swiglu rounds it. Needs what
+// wgmma_gemm_supported(bf16, bf16, m, n, k, a, w, out, n) needs.
+void launch_wgmma_swiglu(cudaStream_t stream, void* out, const void* a, const void* w, std::int64_t m, std::int64_t n,
+                         std::int64_t k, int sm_count);
 
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as

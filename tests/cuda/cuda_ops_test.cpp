@@ -262,6 +262,30 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
       }
     }
   }
+  // rms_norm_gemm with the SwiGLU in the kernel's epilogue (a block's gate rows and the matching up
+  // rows), against the CPU and against cuBLASLt + the swiglu kernel (XSERV_CUDA_WGMMA_ROWS=0).
+  const auto plain = backends_by_env("XSERV_CUDA_WGMMA_ROWS", {"0"});
+  const Case swiglu_cases[] = {{17, 256, 64}, {64, 2048, 1024}, {100, 1024, 192}, {128, 2048, 3072}};
+  for (const auto& c : swiglu_cases) {
+    const RmsNormGemmCase r = rms_norm_gemm_case(rng, be.cpu, dt, c.m, c.k, c.n, true);
+    const Tensor gx = be.gpu_tensor(r.x, dt, {c.m, c.k}), gg = be.gpu_tensor(r.g, dt, {c.k}),
+                 gw = be.gpu_tensor(r.w, dt, {r.rows, c.k});
+    for (const char* splits : {"", "1", "4"}) {
+      INFO("swiglu m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto"));
+      const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
+      std::vector<float> runs[2];
+      for (Backend* b : {be.gpu.get(), plain[0].get()}) {
+        Tensor out = be.gpu_poisoned(dt, {c.m, c.n});
+        be.gpu->synchronize();
+        b->rms_norm_gemm(out, gx, gg, 1e-6f, gw, true, be.gpu_poisoned(dt, {c.m, c.k}),
+                         be.gpu_poisoned(dt, {c.m, r.rows}));
+        b->synchronize();
+        runs[b == be.gpu.get() ? 0 : 1] = be.read(out);
+      }
+      require_close(runs[0], r.want, 2.5e-2, 2e-2);
+      require_close(runs[0], runs[1], 2.5e-2, 2e-2);
+    }
+  }
 }
 
 TEST_CASE("cuda gemm tuning: timed algorithms match the CPU backend and capture takes the heuristic", "[cuda]") {
