@@ -18,7 +18,8 @@
 // 2026-12-04; the default is 4), deep with 2 and 4, and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
 // --wgmma 1 instead times Hopper's warpgroup MMA kernel (cuda/gemm_wgmma.cu, rows <= 128) against
 // the heuristic's first: its own choice of K parts, then 1, 2, 4 and 8 parts
-// (XSERV_CUDA_WGMMA_SPLITS, read at every launch).
+// (XSERV_CUDA_WGMMA_SPLITS, read at every launch); gate|up with its SwiGLU epilogue (cuBLASLt's
+// figure is the GEMM alone, without the swiglu kernel serving runs after it).
 // Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1] [--wgmma 1].
 // Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
@@ -122,7 +123,10 @@ double time_skinny(cudaStream_t stream, const GemmShape& s, const Operands& ops,
 // Microseconds per warpgroup MMA GEMM of `m` rows with the environment's K parts.
 double time_wgmma(cudaStream_t stream, const GemmShape& s, const Operands& ops, std::int64_t m, int sm_count) {
   auto launch = [&](const void* w) {
-    launch_wgmma_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, s.beta, m, s.n, s.k, sm_count);
+    if (s.name == "gate|up")  // as serving runs it: the SwiGLU in the epilogue
+      launch_wgmma_swiglu(stream, ops.out, ops.a, w, m, s.n, s.k, sm_count);
+    else
+      launch_wgmma_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, s.beta, m, s.n, s.k, sm_count);
   };
   launch(ops.weights[0]);
   check(cudaStreamSynchronize(stream), "eager run");
