@@ -6,6 +6,7 @@
 #    GEMM through it, decode-step graphs and engine requests with it on.
 # 2. gemm_bench --wgmma 1: the layer and lm_head GEMMs of Qwen3-1.7B / 8B alone, cuBLASLt's
 #    heuristic first against the kernel with its own K parts and 1/2/4/8.
+# (WG_LEAN=1 leaves out the decode-step and engine tests.)
 # 3. serve_bench 1.7B 64/128 and 8B 64 at once: cuBLASLt (the default) against
 #    XSERV_CUDA_WGMMA_ROWS=128, one process a figure, interleaved.
 set -uo pipefail
@@ -20,7 +21,7 @@ export SKIP_BUILD=1
 run_tests() {
   tests wg 90 "cuda wgmma gemm*"
   tests wgres 90 "cuda gemm_rms_norm_gemm: the residual*"
-  tests wgchain 180 "cuda: decode steps*,cuda engine: staggered*,cuda: batched Qwen3*,cuda: tiny*" XSERV_CUDA_WGMMA_ROWS=128
+  [ "${WG_LEAN:-0}" = 1 ] || tests wgchain 180 "cuda: decode steps*,cuda engine: staggered*,cuda: batched Qwen3*,cuda: tiny*" XSERV_CUDA_WGMMA_ROWS=128
 }
 source bench/device/serve_round.sh
 echo "== $(date -u +%H:%M:%S) gemm_bench --wgmma 1"
