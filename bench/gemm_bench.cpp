@@ -86,6 +86,25 @@ struct Operands {
   void* out = nullptr;
 };
 
+// Microseconds per call of launch(weight) after one eager run: back-to-back calls recorded into a
+// CUDA graph and replayed, cycling over the weight copies.
+template <typename Launch>
+double time_launches(cudaStream_t stream, const Operands& ops, Launch launch) {
+  launch(ops.weights[0]);
+  check(cudaStreamSynchronize(stream), "eager run");
+  const std::size_t per_graph = ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
+  return graph_us_per_launch(stream, per_graph, [&] {
+    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
+  });
+}
+
+void free_operands(Operands& ops) {
+  for (void* w : ops.weights) (void)cudaFree(w);
+  (void)cudaFree(ops.a);
+  (void)cudaFree(ops.out);
+  ops = Operands{};
+}
+
 // Microseconds per GEMM of `m` rows through `gemm` (its plan made before the capture).
 double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Operands& ops,
                  std::int64_t m) {
@@ -93,13 +112,7 @@ double time_gemm(cudaStream_t stream, Gemm& gemm, const GemmShape& s, const Oper
     gemm.run(DType::bf16, s.out_dt, ops.out, s.n, ops.a, w, WeightLayout::out_in, nullptr, s.beta,
              m, s.n, s.k);
   };
-  launch(ops.weights[0]);
-  check(cudaStreamSynchronize(stream), "eager run");
-  const std::size_t per_graph =
-      ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
-  return graph_us_per_launch(stream, per_graph, [&] {
-    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
-  });
+  return time_launches(stream, ops, launch);
 }
 
 // Microseconds per skinny GEMM of `m` rows (the SwiGLU epilogue on gate|up) with the
@@ -112,12 +125,7 @@ double time_skinny(cudaStream_t stream, const GemmShape& s, const Operands& ops,
     else
       launch_skinny_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, nullptr, s.beta, m, s.n, s.k, sm_count);
   };
-  launch(ops.weights[0]);
-  check(cudaStreamSynchronize(stream), "eager run");
-  const std::size_t per_graph = ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
-  return graph_us_per_launch(stream, per_graph, [&] {
-    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
-  });
+  return time_launches(stream, ops, launch);
 }
 
 // Microseconds per warpgroup MMA GEMM of `m` rows with the environment's K parts.
@@ -128,12 +136,7 @@ double time_wgmma(cudaStream_t stream, const GemmShape& s, const Operands& ops, 
     else
       launch_wgmma_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, s.beta, m, s.n, s.k, sm_count);
   };
-  launch(ops.weights[0]);
-  check(cudaStreamSynchronize(stream), "eager run");
-  const std::size_t per_graph = ops.weights.size() * ((24 + ops.weights.size() - 1) / ops.weights.size());
-  return graph_us_per_launch(stream, per_graph, [&] {
-    for (std::size_t i = 0; i < per_graph; ++i) launch(ops.weights[i % ops.weights.size()]);
-  });
+  return time_launches(stream, ops, launch);
 }
 
 }  // namespace
@@ -289,9 +292,7 @@ int main(int argc, char** argv) {
           std::printf("\n");
           std::fflush(stdout);
         }
-        for (void* w : ops.weights) (void)cudaFree(w);
-        (void)cudaFree(ops.a);
-        (void)cudaFree(ops.out);
+        free_operands(ops);
         continue;
       }
       if (skinny) {
@@ -308,9 +309,7 @@ int main(int argc, char** argv) {
           std::printf("\n");
           std::fflush(stdout);
         }
-        for (void* w : ops.weights) (void)cudaFree(w);
-        (void)cudaFree(ops.a);
-        (void)cudaFree(ops.out);
+        free_operands(ops);
         continue;
       }
       Gemm heuristic(stream, arena);
@@ -345,9 +344,7 @@ int main(int argc, char** argv) {
         std::printf(" %s | %s |\n", h_algo.c_str(), last_algo.c_str());
         std::fflush(stdout);
       }
-      for (void* w : ops.weights) (void)cudaFree(w);
-      (void)cudaFree(ops.a);
-      (void)cudaFree(ops.out);
+      free_operands(ops);
     }
   }
   std::printf("\ntuning time (host, all shapes and buckets of the models above):");

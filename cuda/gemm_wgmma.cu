@@ -102,14 +102,15 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, 
       "l"(map), "r"(x), "r"(y), "r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))), "l"(pol)
       : "memory");
 }
-__device__ __forceinline__ std::uint64_t policy_evict_first() {
+// An L2 policy for the TMA loads: the weights are read once a step (evict first), the activation
+// rows by every block (evict last).
+template <bool EvictFirst>
+__device__ __forceinline__ std::uint64_t l2_policy() {
   std::uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ std::uint64_t policy_evict_last() {
-  std::uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  if constexpr (EvictFirst)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 
@@ -140,6 +141,7 @@ __device__ __forceinline__ void fence_operands(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// One wrapper per NA (inline assembly names every accumulator register).
 // d[64 x NA] (+)= A[64 x 16] . B[NA x 16]^T, both K-major in shared memory (descriptors). Lane
 // l of warp w of the warpgroup holds d[4j + 2i + e] = D[16w + l/4 + 8i][8j + 2(l%4) + e].
 template <int NA>
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(threads, 2)
   if (warp == consumer_threads / 32) {
     // The producer warp: one lane issues every copy.
     if (lane == 0) {
-      const std::uint64_t pol_w = policy_evict_first(), pol_a = policy_evict_last();
+      const std::uint64_t pol_w = l2_policy<true>(), pol_a = l2_policy<false>();
       const int first = steps < C::stages ? steps : C::stages;
       const auto load_w = [&](unsigned char* st, std::uint64_t* bar, int k) {
         tma_load_2d(st, &wmap, bar, k, n0, pol_w);
