@@ -18,7 +18,8 @@
 // 2026-12-04; the default is 4), deep with 2 and 4, and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
 // --wgmma 1 instead times Hopper's warpgroup MMA kernel (cuda/gemm_wgmma.cu, rows <= 128) against
 // the heuristic's first: its own choice of K parts, then 1, 2, 4 and 8 parts
-// (XSERV_CUDA_WGMMA_SPLITS, read at every launch); gate|up with its SwiGLU epilogue (cuBLASLt's
+// (XSERV_CUDA_WGMMA_SPLITS, read at every launch), and pairs of tiles sharing the activations by
+// multicast (XSERV_CUDA_WGMMA_MCAST=2); gate|up with its SwiGLU epilogue (cuBLASLt's
 // figure is the GEMM alone, without the swiglu kernel serving runs after it).
 // Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1] [--wgmma 1].
 // Speed is printed, never asserted.
@@ -228,12 +229,12 @@ int main(int argc, char** argv) {
   };
   int sm_count = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "attribute");
-  const char* wgmma_splits[] = {nullptr, "1", "2", "4", "8"};
+  const char* wgmma_splits[] = {nullptr, "1", "2", "4", "8", "m"};  // m: multicast pairs, own parts
   if (wgmma) {
     std::printf("L2 %d MB; the warpgroup MMA kernel against cuBLASLt's heuristic first, us per GEMM (weight TB/s)\n\n",
                 l2 >> 20);
-    std::printf("| model | shape | MB | rows | cuBLASLt | wgmma (own parts) | 1 part | 2 | 4 | 8 |\n");
-    std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| model | shape | MB | rows | cuBLASLt | wgmma (own parts) | 1 part | 2 | 4 | 8 | multicast pairs |\n");
+    std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   } else if (skinny)
     std::printf("L2 %d MB; the skinny kernel's forms, us per GEMM (weight TB/s)\n\n| model | shape | MB | rows |", l2 >> 20);
   else
@@ -283,12 +284,16 @@ int main(int argc, char** argv) {
           std::printf("| %s | %s | %.1f | %lld | %.1f (%.2f) |", model.c_str(), s.name.c_str(), w_bytes / 1e6,
                       static_cast<long long>(m), h_us, w_bytes / h_us / 1e6);
           for (const char* parts : wgmma_splits) {
-            if (parts) setenv("XSERV_CUDA_WGMMA_SPLITS", parts, 1);
+            const bool mcast = parts && parts[0] == 'm';
+            if (parts && !mcast) setenv("XSERV_CUDA_WGMMA_SPLITS", parts, 1);
             else unsetenv("XSERV_CUDA_WGMMA_SPLITS");
+            if (mcast) setenv("XSERV_CUDA_WGMMA_MCAST", "2", 1);
+            else unsetenv("XSERV_CUDA_WGMMA_MCAST");
             const double us = time_wgmma(stream, s, ops, m, sm_count);
             std::printf(" %.1f (%.2f) |", us, w_bytes / us / 1e6);
           }
           unsetenv("XSERV_CUDA_WGMMA_SPLITS");
+          unsetenv("XSERV_CUDA_WGMMA_MCAST");
           std::printf("\n");
           std::fflush(stdout);
         }

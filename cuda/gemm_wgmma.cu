@@ -34,6 +34,10 @@
 //   block's first warpgroup takes gate rows 64b.., its second the matching up rows n + 64b.. (two
 //   TMA boxes of 64 rows a stage), and the block writes out[:, 64b + j] = silu(y_g) * y_u with the
 //   swiglu kernel's roundings (y rounded to bf16, silu rounded, product rounded).
+// - Activation multicast (XSERV_CUDA_WGMMA_MCAST=2, opt-in): every block reads the activation
+//   rows from L2 again (at 64 rows half as many bytes as its weights, at 128 as many), so pairs of
+//   neighbouring weight tiles may share them: each block of the pair loads half of the box and
+//   multicasts it to both, and releases a stage on both blocks' empty barriers.
 // Two blocks an SM (~100 KB of shared memory each): one block's epilogue and ramp overlap the
 // other's stream. K parts are chosen so every SM holds a block (choose_splits).
 #include <cooperative_groups.h>
@@ -100,6 +104,24 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, 
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
       "l"(map), "r"(x), "r"(y), "r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))), "l"(pol)
+      : "memory");
+}
+// The same box delivered to the same shared-memory offset (and barrier offset) of every block of
+// the cluster whose rank bit is set in mask.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem, const CUtensorMap* map, std::uint64_t* bar, int x,
+                                                      int y, std::uint16_t mask, std::uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
+      "l"(map), "r"(x), "r"(y), "r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))), "h"(mask), "l"(pol)
+      : "memory");
+}
+// An arrival on the barrier at the same offset in the cluster's block of rank `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint64_t* bar, unsigned rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+      "r"(rank)
       : "memory");
 }
 // An L2 policy for the TMA loads: the weights are read once a step (evict first), the activation
@@ -179,7 +201,7 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], std::uint64_t a,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int NA, typename OutT, bool Swiglu>
+template <int NA, typename OutT, bool Swiglu, int CX>
 __global__ void __launch_bounds__(threads, 2)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap amap, WgParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -197,14 +219,20 @@ __global__ void __launch_bounds__(threads, 2)
   const int k_steps = p.k / k_step;
   const int ks0 = k_steps * split / p.splits, steps = k_steps * (split + 1) / p.splits - ks0;
 
+  // With CX > 1 the CX blocks of neighbouring weight tiles (cluster ranks xi + CX * split) share
+  // the activation boxes: each loads NA / CX rows and multicasts them to all CX, and a stage is
+  // free again only when every one of them has consumed it (empty counts all their warps).
+  cg::cluster_group cluster = cg::this_cluster();
+  const int xi = CX > 1 ? static_cast<int>(blockIdx.x % CX) : 0;
+  const bool clustered = CX > 1 || p.splits > 1;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::stages; ++s) {
       mbar_init_count(&full[s], 1);
-      mbar_init_count(&empty[s], consumer_threads / 32);  // one arrival a consumer warp
+      mbar_init_count(&empty[s], CX * consumer_threads / 32);  // one arrival a consumer warp
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if (CX > 1) cluster.sync(); else __syncthreads();  // peers arrive on (and copy under) these barriers
 
   float d[NA / 2];  // a consumer thread's accumulators
 #pragma unroll
@@ -223,16 +251,24 @@ __global__ void __launch_bounds__(threads, 2)
         mbar_expect_tx(&full[i], C::stage_bytes);
         load_w(smem + i * C::stage_bytes, &full[i], (ks0 + i) * k_step);
       }
+      const auto load_a = [&](unsigned char* st, std::uint64_t* bar, int k) {
+        if constexpr (CX > 1) {
+          constexpr int rows = NA / CX;
+          const auto mask = static_cast<std::uint16_t>(((1u << CX) - 1) << (CX * split));
+          tma_load_2d_multicast(st + w_stage_bytes + xi * rows * k_step * 2, &amap, bar, k, xi * rows, mask, pol_a);
+        } else {
+          tma_load_2d(st + w_stage_bytes, &amap, bar, k, 0, pol_a);
+        }
+      };
       grid_dependency_wait();
-      for (int i = 0; i < first; ++i)
-        tma_load_2d(smem + i * C::stage_bytes + w_stage_bytes, &amap, &full[i], (ks0 + i) * k_step, 0, pol_a);
+      for (int i = 0; i < first; ++i) load_a(smem + i * C::stage_bytes, &full[i], (ks0 + i) * k_step);
       for (int i = first; i < steps; ++i) {
         const int s = i % C::stages;
         mbar_wait(&empty[s], ((i / C::stages) - 1) & 1);
         unsigned char* st = smem + s * C::stage_bytes;
         mbar_expect_tx(&full[s], C::stage_bytes);
         load_w(st, &full[s], (ks0 + i) * k_step);
-        tma_load_2d(st + w_stage_bytes, &amap, &full[s], (ks0 + i) * k_step, 0, pol_a);
+        load_a(st, &full[s], (ks0 + i) * k_step);
       }
     } else {
       grid_dependency_wait_only();
@@ -252,7 +288,14 @@ __global__ void __launch_bounds__(threads, 2)
       wgmma_commit();
       fence_operands(d);
       wgmma_wait<1>();  // the previous stage's products are done: release its buffers
-      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % C::stages]);
+      if (i > 0 && lane == 0) {
+        if constexpr (CX > 1) {
+          for (int j = 0; j < CX; ++j)
+            mbar_arrive_cluster(&empty[(i - 1) % C::stages], static_cast<unsigned>(j + CX * split));
+        } else {
+          mbar_arrive(&empty[(i - 1) % C::stages]);
+        }
+      }
     }
     wgmma_wait<0>();
     fence_operands(d);
@@ -273,11 +316,9 @@ __global__ void __launch_bounds__(threads, 2)
 
   // Rows [lo, hi) of the tile are this rank's to finish: the sum of every rank's tile in rank
   // order, the residual, one rounding.
-  cg::cluster_group cluster = cg::this_cluster();
   if (p.splits > 1) cluster.sync(); else __syncthreads();
-  const int rank = p.splits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
   const int rows = p.m < NA ? p.m : NA;
-  const int lo = rows * rank / p.splits, hi = rows * (rank + 1) / p.splits;
+  const int lo = rows * split / p.splits, hi = rows * (split + 1) / p.splits;
   // 4 consecutive output columns a thread: 32 threads a row (16 with Swiglu, each also summing
   // the matching up column 64 further).
   constexpr int per_row = Swiglu ? tile_w / 8 : tile_w / 4;
@@ -287,7 +328,7 @@ __global__ void __launch_bounds__(threads, 2)
     if constexpr (Swiglu) {
       float4 u = v;
       for (int q = 0; q < p.splits; ++q) {
-        const float* src = (p.splits > 1 ? cluster.map_shared_rank(tile, q) : tile) + row * acc_stride;
+        const float* src = (p.splits > 1 ? cluster.map_shared_rank(tile, xi + CX * q) : tile) + row * acc_stride;
         const float4 tg = *reinterpret_cast<const float4*>(src + col);
         const float4 tu = *reinterpret_cast<const float4*>(src + tile_w / 2 + col);
         v.x += tg.x;
@@ -312,7 +353,7 @@ __global__ void __launch_bounds__(threads, 2)
           *reinterpret_cast<const uint2*>(pair);
     } else {
       for (int q = 0; q < p.splits; ++q) {
-        const float* src = p.splits > 1 ? cluster.map_shared_rank(tile, q) : tile;
+        const float* src = p.splits > 1 ? cluster.map_shared_rank(tile, xi + CX * q) : tile;
         const float4 t = *reinterpret_cast<const float4*>(src + row * acc_stride + col);
         v.x += t.x;
         v.y += t.y;
@@ -343,7 +384,8 @@ __global__ void __launch_bounds__(threads, 2)
       }
     }
   }
-  if (p.splits > 1) cluster.sync();  // no block leaves while another still reads its tile
+  // No block leaves while another still reads its tile or arrives on its barriers.
+  if (clustered) cluster.sync();
 #else
   (void)wmap;
   (void)amap;
@@ -435,10 +477,10 @@ int choose_splits(int tiles, int k_steps, int sm_count) {
   return best;
 }
 
-template <int NA, typename OutT, bool Swiglu>
+template <int NA, typename OutT, bool Swiglu, int CX>
 void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& amap, const WgParams& p,
                int tiles) {
-  auto* kernel = wgmma_gemm_kernel<NA, OutT, Swiglu>;
+  auto* kernel = wgmma_gemm_kernel<NA, OutT, Swiglu, CX>;
   static std::once_flag attr_once[64];
   int dev = 0;
   XSERV_CUDA_CHECK(cudaGetDevice(&dev));
@@ -452,9 +494,9 @@ void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& 
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   int count = 0;
-  if (p.splits > 1) {
+  if (CX > 1 || p.splits > 1) {
     attribute[count].id = cudaLaunchAttributeClusterDimension;
-    attribute[count].val.clusterDim.x = 1;
+    attribute[count].val.clusterDim.x = CX;
     attribute[count].val.clusterDim.y = static_cast<unsigned>(p.splits);
     attribute[count].val.clusterDim.z = 1;
     ++count;
@@ -469,14 +511,29 @@ void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& 
   XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, wmap, amap, p));
 }
 
+template <typename OutT, bool Swiglu, int CX>
+void launch_cx(cudaStream_t stream, const CUtensorMap& wmap, const void* a, const WgParams& p, int tiles) {
+  // The activation box: the tile's rows, or a CX-th of them with the multicast.
+  const auto amap = [&](int na) { return tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, na / CX); };
+  if (p.m <= 32)
+    launch_na<32, OutT, Swiglu, CX>(stream, wmap, amap(32), p, tiles);
+  else if (p.m <= 64)
+    launch_na<64, OutT, Swiglu, CX>(stream, wmap, amap(64), p, tiles);
+  else
+    launch_na<128, OutT, Swiglu, CX>(stream, wmap, amap(128), p, tiles);
+}
+
+// XSERV_CUDA_WGMMA_MCAST=2 (opt-in, read at every launch, for comparisons): pairs of neighbouring
+// weight tiles share the activation boxes by TMA multicast (each block reads half of them from
+// L2), where the tile count is even; the K parts are then at most 4 (a cluster of at most 8).
 template <typename OutT, bool Swiglu>
-void launch_out(cudaStream_t stream, const CUtensorMap& wmap, const void* a, const WgParams& p, int tiles) {
-  if (p.m <= 32) {
-    launch_na<32, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 32), p, tiles);
-  } else if (p.m <= 64) {
-    launch_na<64, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 64), p, tiles);
+void launch_out(cudaStream_t stream, const CUtensorMap& wmap, const void* a, WgParams p, int tiles) {
+  const char* env = std::getenv("XSERV_CUDA_WGMMA_MCAST");
+  if (env && std::atoi(env) == 2 && tiles % 2 == 0) {
+    p.splits = std::min(p.splits, max_splits / 2);
+    launch_cx<OutT, Swiglu, 2>(stream, wmap, a, p, tiles);
   } else {
-    launch_na<128, OutT, Swiglu>(stream, wmap, tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, 128), p, tiles);
+    launch_cx<OutT, Swiglu, 1>(stream, wmap, a, p, tiles);
   }
 }
 

@@ -8,7 +8,7 @@
 #    heuristic first against the kernel with its own K parts and 1/2/4/8.
 # (WG_LEAN=1 leaves out the decode-step and engine tests.)
 # 3. serve_bench 1.7B 64/128 and 8B 64 at once: cuBLASLt (the default) against
-#    XSERV_CUDA_WGMMA_ROWS=128, one process a figure, interleaved.
+#    XSERV_CUDA_WGMMA_ROWS=128 (and with XSERV_CUDA_WGMMA_MCAST=2), one process a figure, interleaved.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -28,7 +28,7 @@ echo "== $(date -u +%H:%M:%S) gemm_bench --wgmma 1"
 timeout ${GEMM_LIMIT:-150} /tmp/b/bench/gemm_bench --wgmma 1 --models 1.7b,8b --rows ${GEMM_ROWS:-64,128} \
   >"$OUT/gemm_wgmma.txt" 2>&1
 cat "$OUT/gemm_wgmma.txt"
-v=(base wg:XSERV_CUDA_WGMMA_ROWS=128)
+v=(base wg:XSERV_CUDA_WGMMA_ROWS=128 wgm:XSERV_CUDA_WGMMA_ROWS=128,XSERV_CUDA_WGMMA_MCAST=2)
 for x in "${v[@]}"; do sb "$x" qwen3-1.7b 64,128; done
 for x in "${v[@]}"; do sb "$x" qwen3-8b 64; done
 [ "${PASSES:-1}" -ge 2 ] && for x in "${v[@]}"; do sb "$x" qwen3-1.7b 64,128; done

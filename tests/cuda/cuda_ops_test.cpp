@@ -191,7 +191,7 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
 // 128 rows (partial ones included), K in 1-8 parts summed over a cluster (forced through
 // XSERV_CUDA_WGMMA_SPLITS, read at every launch, and the kernel's own choice), bf16 out with and
 // without the residual (beta = 1), strided, and f32 logits, against the CPU backend; the same
-// parts twice give the same bits. On a compute-capability 9.0 device the kernel must be there
+// parts twice give the same bits; and pairs of tiles sharing the activations by multicast. On a compute-capability 9.0 device the kernel must be there
 // (a build for sm_90 compiles it for sm_90a); elsewhere the case says it was skipped.
 TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the CPU backend", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
@@ -224,13 +224,18 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
     auto w = randn(rng, static_cast<std::size_t>(c.n * c.k), 0.05f);
     for (auto* v : {&a, &w}) round_through(*v, dt);
     const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gw = be.gpu_tensor(w, dt, {c.n, c.k});
-    for (const char* splits : {"", "1", "2", "3", "8"}) {
+    for (const char* parts : {"", "1", "2", "3", "8", "m", "m2"}) {
+      // "m": pairs of tiles sharing the activation boxes by multicast (XSERV_CUDA_WGMMA_MCAST=2,
+      // read at every launch; even tile counts), with the kernel's parts or 2.
+      const bool mcast = parts[0] == 'm';
+      const char* splits = mcast ? parts + 1 : parts;
       const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
+      const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
       for (int variant = 0; variant < 3; ++variant) {
         const bool accumulate = variant == 1, f32_out = variant == 2;
         const bool strided = variant == 0 && c.m % 2 == 1;
         const DType out_dt = f32_out ? DType::f32 : dt;
-        INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto")
+        INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto") << " mcast=" << mcast
                   << " beta=" << accumulate << " f32_out=" << f32_out << " strided=" << strided);
         const std::int64_t ldo = strided ? c.n + 64 : c.n;
         auto out0 = randn(rng, static_cast<std::size_t>(c.m * ldo));
@@ -270,9 +275,13 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
     const RmsNormGemmCase r = rms_norm_gemm_case(rng, be.cpu, dt, c.m, c.k, c.n, true);
     const Tensor gx = be.gpu_tensor(r.x, dt, {c.m, c.k}), gg = be.gpu_tensor(r.g, dt, {c.k}),
                  gw = be.gpu_tensor(r.w, dt, {r.rows, c.k});
-    for (const char* splits : {"", "1", "4"}) {
-      INFO("swiglu m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto"));
+    for (const char* parts : {"", "1", "4", "m", "m4"}) {
+      const bool mcast = parts[0] == 'm';
+      const char* splits = mcast ? parts + 1 : parts;
+      INFO("swiglu m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto")
+                       << " mcast=" << mcast);
       const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
+      const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
       std::vector<float> runs[2];
       for (Backend* b : {be.gpu.get(), plain[0].get()}) {
         Tensor out = be.gpu_poisoned(dt, {c.m, c.n});
