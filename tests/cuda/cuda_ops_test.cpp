@@ -224,25 +224,28 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
     auto w = randn(rng, static_cast<std::size_t>(c.n * c.k), 0.05f);
     for (auto* v : {&a, &w}) round_through(*v, dt);
     const Tensor ga = be.gpu_tensor(a, dt, {c.m, c.k}), gw = be.gpu_tensor(w, dt, {c.n, c.k});
-    for (const char* parts : {"", "1", "2", "3", "8", "m", "m2"}) {
-      // "m": pairs of tiles sharing the activation boxes by multicast (XSERV_CUDA_WGMMA_MCAST=2,
-      // read at every launch; even tile counts), with the kernel's parts or 2.
-      const bool mcast = parts[0] == 'm';
-      const char* splits = mcast ? parts + 1 : parts;
-      const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
-      const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
-      for (int variant = 0; variant < 3; ++variant) {
-        const bool accumulate = variant == 1, f32_out = variant == 2;
-        const bool strided = variant == 0 && c.m % 2 == 1;
-        const DType out_dt = f32_out ? DType::f32 : dt;
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool accumulate = variant == 1, f32_out = variant == 2;
+      const bool strided = variant == 0 && c.m % 2 == 1;
+      const DType out_dt = f32_out ? DType::f32 : dt;
+      const std::int64_t ldo = strided ? c.n + 64 : c.n;
+      auto out0 = randn(rng, static_cast<std::size_t>(c.m * ldo));
+      round_through(out0, out_dt);
+      auto want = out0;
+      be.cpu.gemm(Tensor(want.data(), DType::f32, {c.m, c.n}), host_view(a, {c.m, c.k}), host_view(w, {c.n, c.k}),
+                  WeightLayout::out_in, Tensor(), accumulate ? 1.0f : 0.0f, ldo);
+      std::vector<float> w2;
+      for (std::int64_t i = 0; i < c.m; ++i)
+        for (std::int64_t j = 0; j < c.n; ++j) w2.push_back(want[static_cast<std::size_t>(i * ldo + j)]);
+      for (const char* parts : {"", "1", "2", "3", "8", "m", "m2"}) {
+        // "m": pairs of tiles sharing the activation boxes by multicast (XSERV_CUDA_WGMMA_MCAST=2,
+        // read at every launch; even tile counts), with the kernel's parts or 2.
+        const bool mcast = parts[0] == 'm';
+        const char* splits = mcast ? parts + 1 : parts;
+        const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", *splits ? splits : nullptr);
+        const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
         INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " splits=" << (*splits ? splits : "auto") << " mcast=" << mcast
                   << " beta=" << accumulate << " f32_out=" << f32_out << " strided=" << strided);
-        const std::int64_t ldo = strided ? c.n + 64 : c.n;
-        auto out0 = randn(rng, static_cast<std::size_t>(c.m * ldo));
-        round_through(out0, out_dt);
-        auto want = out0;
-        be.cpu.gemm(Tensor(want.data(), DType::f32, {c.m, c.n}), host_view(a, {c.m, c.k}), host_view(w, {c.n, c.k}),
-                    WeightLayout::out_in, Tensor(), accumulate ? 1.0f : 0.0f, ldo);
         std::vector<float> runs[2];
         for (auto& got : runs) {
           Tensor gout = accumulate ? be.gpu_tensor(out0, out_dt, {c.m, ldo}) : be.gpu_poisoned(out_dt, {c.m, ldo});
@@ -251,12 +254,9 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
           got = be.read(gout);
         }
         CHECK(runs[0] == runs[1]);
-        std::vector<float> g2, w2;
+        std::vector<float> g2;
         for (std::int64_t i = 0; i < c.m; ++i)
-          for (std::int64_t j = 0; j < c.n; ++j) {
-            g2.push_back(runs[0][static_cast<std::size_t>(i * ldo + j)]);
-            w2.push_back(want[static_cast<std::size_t>(i * ldo + j)]);
-          }
+          for (std::int64_t j = 0; j < c.n; ++j) g2.push_back(runs[0][static_cast<std::size_t>(i * ldo + j)]);
         // As the cuBLASLt case above: f32 sums of k products of std ~0.05, one rounding to out_dt.
         const double scale = 0.05 * std::sqrt(static_cast<double>(c.k));
         require_close(g2, w2, (f32_out ? 1e-4 : 1e-2) * scale + 1e-6, f32_out ? 1e-4 : 1.5e-2);
