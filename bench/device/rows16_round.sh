@@ -7,18 +7,19 @@
 #    only ever measured at batch 1; at 16 rows its blocks end ~9-13 us after the q|k|v GEMM
 #    (H200 / H100 traces in docs/benchmarks.md): the mma kernel (XSERV_CUDA_ATTN_SHORT=0) and
 #    the unfolded q/k prologue (XSERV_CUDA_ATTN_FUSE_QK=0) instead.
-# 2. The skinny GEMM lets the next kernel launch at its start, unlike every other PDL kernel
-#    (after the wait since 2026-12-02), so e.g. the down_proj's 16-warp blocks sit resident
-#    through the gate|up: XSERV_CUDA_SKINNY_TRIGGER=wait / end.
+# 2. When the skinny GEMM lets the next kernel launch: measured on 2026-12-07 (docs/benchmarks.md,
+#    "The skinny GEMM's trigger and the one-pass attention at 16 serving rows") against the then
+#    default, at its start; after its wait won (+1% on 8B) and is the default since, so the
+#    variants are now the old rule (XSERV_CUDA_SKINNY_TRIGGER=start) and after the K loop (end).
 run_tests() {
   tests rmsgemm 90 "cuda rms_norm_gemm at 5-32 rows*"
   tests chain_end 150 "cuda: decode steps*,cuda engine: staggered*" XSERV_CUDA_SKINNY_TRIGGER=end
-  tests chain_wait 150 "cuda: decode steps*,cuda engine: staggered*" XSERV_CUDA_SKINNY_TRIGGER=wait
+  tests chain_start 150 "cuda: decode steps*,cuda engine: staggered*" XSERV_CUDA_SKINNY_TRIGGER=start
 }
 source bench/device/serve_round.sh
-v8=(base s0:XSERV_CUDA_ATTN_SHORT=0 f0:XSERV_CUDA_ATTN_FUSE_QK=0 tw:XSERV_CUDA_SKINNY_TRIGGER=wait
+v8=(base s0:XSERV_CUDA_ATTN_SHORT=0 f0:XSERV_CUDA_ATTN_FUSE_QK=0 ts:XSERV_CUDA_SKINNY_TRIGGER=start
     te:XSERV_CUDA_SKINNY_TRIGGER=end)
 for v in "${v8[@]}" "${v8[@]}"; do sb "$v" qwen3-8b 16; done
-v17=(base s0:XSERV_CUDA_ATTN_SHORT=0 tw:XSERV_CUDA_SKINNY_TRIGGER=wait te:XSERV_CUDA_SKINNY_TRIGGER=end)
+v17=(base s0:XSERV_CUDA_ATTN_SHORT=0 ts:XSERV_CUDA_SKINNY_TRIGGER=start te:XSERV_CUDA_SKINNY_TRIGGER=end)
 for v in "${v17[@]}" "${v17[@]}"; do sb "$v" qwen3-1.7b 16; done
 echo "== $(ts) all done"
