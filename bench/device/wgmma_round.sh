@@ -20,6 +20,8 @@ cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTU
 export SKIP_BUILD=1
 run_tests() {
   tests wg 90 "cuda wgmma gemm*"
+  # On a failure, the one-hot probe's messages name the wrong positions (a layout permutation).
+  grep -q "one-hot" "$OUT/tests_wg.txt" && grep -A3 "probe:" "$OUT/tests_wg.txt" | head -40
   tests wgres 90 "cuda gemm_rms_norm_gemm: the residual*"
   [ "${WG_LEAN:-0}" = 1 ] || tests wgchain 180 "cuda: decode steps*,cuda engine: staggered*,cuda: batched Qwen3*,cuda: tiny*" XSERV_CUDA_WGMMA_ROWS=128
 }

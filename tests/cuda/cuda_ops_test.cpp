@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -191,7 +192,8 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
 // 128 rows (partial ones included), K in 1-8 parts summed over a cluster (forced through
 // XSERV_CUDA_WGMMA_SPLITS, read at every launch, and the kernel's own choice), bf16 out with and
 // without the residual (beta = 1), strided, and f32 logits, against the CPU backend; the same
-// parts twice give the same bits; and pairs of tiles sharing the activations by multicast. On a compute-capability 9.0 device the kernel must be there
+// parts twice give the same bits; and pairs of tiles sharing the activations by multicast. On a
+// compute-capability 9.0 device the kernel must be there
 // (a build for sm_90 compiles it for sm_90a); elsewhere the case says it was skipped.
 TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the CPU backend", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
@@ -293,6 +295,60 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
       }
       require_close(runs[0], r.want, 2.5e-2, 2e-2);
       require_close(runs[0], runs[1], 2.5e-2, 2e-2);
+    }
+  }
+}
+
+// The wgmma kernel on one-hot weights (W[j][c] = 1 where c = j % k), where every output is one
+// activation exactly: rows a[r][c] = r + 1 show which activation row reached each output row,
+// columns a[r][c] = c + 1 which K index each output column read. Exact equality; a mismatch names
+// the first positions with what they got, so a wrong operand layout, k16 slice or epilogue mapping
+// shows as a permutation rather than as noise.
+TEST_CASE("cuda wgmma gemm: one-hot weights give each output exactly one activation", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  const ScopedEnv rows_env("XSERV_CUDA_WGMMA_ROWS", "128");
+  GpuCpu be;
+  {
+    Tensor probe = be.gpu_poisoned(DType::bf16, {128, 128});
+    if (!cuda::wgmma_gemm_supported(DType::bf16, DType::bf16, 64, 128, 128, probe.data, probe.data, probe.data, 128)) {
+      WARN("the wgmma kernel is not available on this device: test skipped (the case above requires it on 9.0)");
+      return;
+    }
+  }
+  struct Case {
+    std::int64_t m, k, n;
+    const char* parts;
+  };
+  const Case cases[] = {{32, 64, 128, "1"}, {64, 128, 256, "1"}, {128, 128, 128, "1"}, {64, 256, 256, "2"},
+                        {100, 128, 256, "m"}};
+  for (const auto& c : cases) {
+    std::vector<float> w(static_cast<std::size_t>(c.n * c.k), 0.0f);
+    for (std::int64_t j = 0; j < c.n; ++j) w[static_cast<std::size_t>(j * c.k + j % c.k)] = 1.0f;
+    const Tensor gw = be.gpu_tensor(w, DType::bf16, {c.n, c.k});
+    const bool mcast = c.parts[0] == 'm';
+    const ScopedEnv split_env("XSERV_CUDA_WGMMA_SPLITS", mcast ? nullptr : c.parts);
+    const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
+    for (const bool by_row : {true, false}) {
+      std::vector<float> a(static_cast<std::size_t>(c.m * c.k));
+      for (std::int64_t r = 0; r < c.m; ++r)
+        for (std::int64_t i = 0; i < c.k; ++i)
+          a[static_cast<std::size_t>(r * c.k + i)] = static_cast<float>(by_row ? r + 1 : i + 1);
+      const Tensor ga = be.gpu_tensor(a, DType::bf16, {c.m, c.k});
+      Tensor out = be.gpu_poisoned(DType::bf16, {c.m, c.n});
+      be.gpu->gemm(out, ga, gw, WeightLayout::out_in, Tensor(), 0.0f);
+      const std::vector<float> got = be.read(out);
+      std::ostringstream wrong;
+      int bad = 0;
+      for (std::int64_t r = 0; r < c.m; ++r) {
+        for (std::int64_t j = 0; j < c.n; ++j) {
+          const float want = static_cast<float>(by_row ? r + 1 : j % c.k + 1);
+          const float g = got[static_cast<std::size_t>(r * c.n + j)];
+          if (g != want && bad++ < 24) wrong << " [" << r << "][" << j << "]=" << g << " (want " << want << ")";
+        }
+      }
+      INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " parts=" << c.parts << (by_row ? " row" : " column")
+                << " probe: " << bad << " wrong:" << wrong.str());
+      CHECK(bad == 0);
     }
   }
 }
