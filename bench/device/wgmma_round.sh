@@ -8,7 +8,8 @@
 #    heuristic first against the kernel with its own K parts and 1/2/4/8.
 # (WG_LEAN=1 leaves out the decode-step and engine tests.)
 # 3. serve_bench 1.7B 64/128 and 8B 64 at once: cuBLASLt (the default) against
-#    XSERV_CUDA_WGMMA_ROWS=128 (and with XSERV_CUDA_WGMMA_MCAST=2), one process a figure, interleaved.
+#    XSERV_CUDA_WGMMA_ROWS=128 (and with XSERV_CUDA_WGMMA_MCAST=2), one process a figure, interleaved;
+#    8B 16 at once: the skinny kernel (the default) against the wgmma kernel from 9 rows.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -33,5 +34,7 @@ cat "$OUT/gemm_wgmma.txt"
 v=(base wg:XSERV_CUDA_WGMMA_ROWS=128 wgm:XSERV_CUDA_WGMMA_ROWS=128,XSERV_CUDA_WGMMA_MCAST=2)
 for x in "${v[@]}"; do sb "$x" qwen3-1.7b 64,128; done
 for x in "${v[@]}"; do sb "$x" qwen3-8b 64; done
+# 16 rows on the kernel too (an activation tile of 32, zeros past 16) instead of the skinny one.
+for x in base wg16:XSERV_CUDA_SKINNY_ROWS=8,XSERV_CUDA_WGMMA_ROWS=128; do sb "$x" qwen3-8b 16; done
 [ "${PASSES:-1}" -ge 2 ] && for x in "${v[@]}"; do sb "$x" qwen3-1.7b 64,128; done
 echo "== $(date -u +%H:%M:%S) all done"
