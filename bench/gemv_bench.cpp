@@ -5,7 +5,7 @@
 // over copies of the weight that together exceed the L2 cache, so every launch streams its
 // weight from DRAM as in a real step. Prints one line per shape and launch shape:
 //   shape  MB  wpr  us  TB/s
-// ("wpr 0" is the default the backend picks, "wpr -1" the rule before 2026-12-01; named rows are
+// ("wpr 0" is the default the backend picks; named rows are
 // GemvTuning variants, and "read xN" a pure streaming read of the same bytes by N blocks an SM,
 // the ceiling). Usage: gemv_bench [--quick | --variants] (--quick: the defaults only;
 // --variants: the defaults, the variants and the read ceiling, no split sweep). Speed is
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       {"0.6b lm_head", Kind::plain, 151936, 1024, DType::bf16, DType::f32},
       {"gpt2 lm_head f32", Kind::plain, 50257, 768, DType::f32, DType::f32},
   };
-  std::vector<int> configs = {-1, 0};  // -1: the split rule before 2026-12-01 (old_split)
+  std::vector<int> configs = {0};  // 0: the measured rule
   if (!quick && !with_variants) configs.insert(configs.end(), {1, 2, 4, 8});
   unsigned* sink = nullptr;
   check(cudaMalloc(&sink, sizeof(unsigned)), "malloc");
@@ -142,8 +142,7 @@ int main(int argc, char** argv) {
       const bool norm = s.kind == Kind::norm || s.kind == Kind::swiglu;
       GemvTuning& t = gemv_tuning();
       t = GemvTuning{};
-      if (wpr < 0) t.old_split = true;
-      else (norm ? t.norm_wpr : t.wpr) = wpr;
+      (norm ? t.norm_wpr : t.wpr) = wpr;
       const double us = time_shape(stream, s, weights, x, norm_w, out, sm_count);
       std::printf("| %s | %.1f | %d | %.2f | %.2f |\n", s.name, static_cast<double>(bytes) / 1e6, wpr, us,
                   static_cast<double>(bytes) / us / 1e6);

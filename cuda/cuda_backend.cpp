@@ -348,10 +348,6 @@ class CudaBackend final : public Backend {
   // it), the residual GEMM of gemm_rms_norm_gemm included (its K parts summed in the kernel, the
   // sum handed to launch_residual_rms_norm as one part). XSERV_CUDA_WGMMA_ROWS=N (0: cuBLASLt).
   std::int64_t wgmma_rows_ = default_wgmma_rows;
-  // qk_attention's one-kernel path covers context buckets up to this many keys. Off (0) unless
-  // XSERV_CUDA_FUSED_ATTN=N: on the H200 it measured slower than the three kernels it replaces
-  // (Qwen3-0.6B batch 1: 30 us per layer against ~13.6 us; qk_attention.cu says why).
-  std::int32_t fused_attention_keys_ = 0;
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
   // XSERV_CUDA_ATTN_STORE_KV=0: GPT-2 decode writes k/v with qk_transform_store before the
@@ -407,7 +403,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     wgmma_rows_ = std::clamp<std::int64_t>(std::atoll(env), 0, max_wgmma_gemm_rows);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_L2_NEXT_MB")) skinny_l2_next_mb_ = std::max(0, std::atoi(env));
-  if (const char* env = std::getenv("XSERV_CUDA_FUSED_ATTN")) fused_attention_keys_ = std::atoi(env);
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
@@ -1158,26 +1153,14 @@ std::int64_t CudaBackend::attention_l2_next_bytes(const Tensor& w, std::int64_t 
 void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads,
                                const QkTransform& t, const DeviceBatch& batch, KvLayer cache,
                                float scale) {
-  // Opt-in (XSERV_CUDA_FUSED_ATTN=N): decode steps over contexts up to N keys run one kernel
-  // (qk_attention.cu) instead of the prologue, the split attention and its merge. The choice
-  // depends only on the graph key's shape (rows, the longest query, the context bucket), so a
-  // recording always holds the same kernels. Past about two blocks per SM the split kernels'
-  // tiles are the better use of the GPU.
   const Tensor next_weight = std::exchange(next_weight_, Tensor{});  // the hint holds for this op only
   const KvLayer next_kv = std::exchange(next_kv_, KvLayer{});
   const std::int32_t group = heads.n_kv_heads > 0 ? heads.n_q_heads / heads.n_kv_heads : 0;
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
-  if (bucket <= fused_attention_keys_ && batch.max_query_len == 1 && group > 0 &&
-      heads.n_q_heads % heads.n_kv_heads == 0 && qk_attention_supported(qkv.dtype, heads.head_dim, group) &&
-      static_cast<std::int64_t>(batch.num_tokens) * heads.n_kv_heads <= 2 * static_cast<std::int64_t>(sm_count_)) {
-    const QkAttentionParams p{attention_params(out, qkv, heads, batch, cache, scale),
-                              qk_params(qkv, heads, t, batch, cache)};
-    launch_qk_attention(stream_, qkv.dtype, p);
-    return;
-  }
   // The split mma decode kernel with the prologue folded in: few rows over a short context
   // (short_context_decode), or every decode step with XSERV_CUDA_ATTN_FUSE_QK=1. Decided from
-  // the graph key's shape (rows, the longest query, the context bucket), as above.
+  // the graph key's shape (rows, the longest query, the context bucket) alone, so a recording
+  // always holds the same kernels.
   if (group > 0 && heads.n_q_heads % heads.n_kv_heads == 0 &&
       qk_attention_mma_supported(qkv.dtype, heads.head_dim, group, batch.max_query_len,
                                  static_cast<std::int64_t>(batch.num_tokens) * heads.n_kv_heads,

@@ -104,7 +104,6 @@ struct OutInArgs {
   bool early_trigger = false;   // the next kernel may launch before this one's wait (GemvTuning::early_trigger)
   const unsigned char* l2_next = nullptr;  // bulk kernel: GemvChain::l2_next
   std::int64_t l2_next_bytes = 0, l2_next_second = 0;
-  bool l2_next_before = false;  // bulk kernel: l2_next asked before the wait (GemvTuning::l2_next_before)
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -580,16 +579,6 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     // The weights do not depend on the previous kernel: the ring fills before the wait.
     for (int i = 0; i < min(items, bulk_stages); ++i) issue(i);
   }
-  // l2_next: the next kernel's first weights, a slice a warp (lane 0), once the activation row is
-  // read (so that the traffic delays neither the previous kernel's last reads nor this one's), or
-  // with l2_next_before behind this warp's own first copies.
-  auto prefetch_next = [&] {
-    if (lane == 0 && p.l2_next_bytes > 0) {
-      prefetch_slice_l2(p.l2_next, p.l2_next_bytes, gw, total_warps);
-      if (p.l2_next_second > 0) prefetch_slice_l2(p.l2_next + p.l2_next_second, p.l2_next_bytes, gw, total_warps);
-    }
-  };
-  if (p.l2_next_before) prefetch_next();
   __syncwarp();
   OutT* const out = static_cast<OutT*>(p.out);
   // early_out: lane 0 reads its next row's bias and previous output ahead, so the loads overlap
@@ -618,7 +607,14 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
     __syncthreads();
     act_row = reinterpret_cast<const unsigned char*>(s_act);
   }
-  if (!p.l2_next_before) prefetch_next();
+  // l2_next: the next kernel's first weights, a slice a warp (lane 0), once the activation row is
+  // read, so that the traffic delays neither the previous kernel's last reads nor this one's
+  // (asked before the wait, it lengthened the decode attention's post-wait chain more than the
+  // gate|up gained: GemvTuning::l2_next_mb).
+  if (lane == 0 && p.l2_next_bytes > 0) {
+    prefetch_slice_l2(p.l2_next, p.l2_next_bytes, gw, total_warps);
+    if (p.l2_next_second > 0) prefetch_slice_l2(p.l2_next + p.l2_next_second, p.l2_next_bytes, gw, total_warps);
+  }
 
   constexpr int V = vec_of<T>;
   float acc = 0.0f;
@@ -705,7 +701,6 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, co
     p.l2_next = static_cast<const unsigned char*>(chain.l2_next);
     p.l2_next_bytes = chain.l2_next_bytes & ~std::int64_t{15};
     p.l2_next_second = chain.l2_next_second;
-    p.l2_next_before = tune.l2_next_before;
   }
   const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)), chain);
   if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
@@ -864,9 +859,9 @@ InOutShape in_out_shape(DType dt, std::int64_t n, std::int64_t k, int sm_count) 
   return s;
 }
 
-// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _OLD_SPLIT, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
-// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _SWIGLU_PDL_MB, _L2_NEXT_MB and
-// _L2_NEXT_AT: see gemv_tuning()
+// XSERV_CUDA_GEMV_WPR, _NORM_WPR, _BULK, _EARLY_OUT, _BULK_MAX_MB, _BULK_WIDE, _NORM_OCC,
+// _EVICT_FIRST, _NORM_PERSIST, _NORM_EARLY_W, _RESID_PREFETCH, _EARLY_TRIGGER, _SWIGLU_PDL_MB and
+// _L2_NEXT_MB: see gemv_tuning()
 // in kernels.hpp.
 GemvTuning tuning_from_env() noexcept {
   auto get = [](const char* name) {
@@ -877,8 +872,8 @@ GemvTuning tuning_from_env() noexcept {
     const char* v = std::getenv(name);
     return v == nullptr || std::string_view(v) != "0";
   };
-  GemvTuning t{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), get("XSERV_CUDA_GEMV_OLD_SPLIT") == 1,
-               on("XSERV_CUDA_GEMV_BULK"), on("XSERV_CUDA_GEMV_EARLY_OUT"), get("XSERV_CUDA_GEMV_BULK_MAX_MB")};
+  GemvTuning t{get("XSERV_CUDA_GEMV_WPR"), get("XSERV_CUDA_GEMV_NORM_WPR"), on("XSERV_CUDA_GEMV_BULK"),
+               on("XSERV_CUDA_GEMV_EARLY_OUT"), get("XSERV_CUDA_GEMV_BULK_MAX_MB")};
   t.bulk_wide = get("XSERV_CUDA_GEMV_BULK_WIDE") == 1;
   t.norm_occ = get("XSERV_CUDA_GEMV_NORM_OCC");
   t.evict_first = get("XSERV_CUDA_GEMV_EVICT_FIRST") == 1;
@@ -888,7 +883,6 @@ GemvTuning tuning_from_env() noexcept {
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_EARLY_TRIGGER")) t.early_trigger = std::atoi(v);
   t.swiglu_pdl_mb = get("XSERV_CUDA_GEMV_SWIGLU_PDL_MB");
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_L2_NEXT_MB")) t.l2_next_mb = std::atoi(v);
-  if (const char* v = std::getenv("XSERV_CUDA_GEMV_L2_NEXT_AT")) t.l2_next_before = std::atoi(v) == 0;
   if (const char* v = std::getenv("XSERV_CUDA_GEMV_NORM_PERSIST")) {
     const int n = std::atoi(v);
     t.norm_persist = n == 1 || n == 2 ? n : 0;
@@ -934,7 +928,7 @@ void launch_out_in(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, 
   const GemvTuning& tune = gemv_tuning();
   p.norm_early_w = Norm && tune.norm_early_w;
   p.early_trigger = (Norm && (tune.early_trigger & 2) != 0) || chain.trigger_early;
-  p.wpr = warps_per_column<T>(tune.old_split ? std::max(M, 2) : M, p.n, p.k, Norm, Swiglu, sm_count);
+  p.wpr = warps_per_column<T>(M, p.n, p.k, Norm, Swiglu, sm_count);
   const int forced = Norm ? tune.norm_wpr : tune.wpr;
   if (forced == 1 || forced == 2 || forced == 4 || forced == 8) p.wpr = forced;
   const int cols_per_block = warps / p.wpr;

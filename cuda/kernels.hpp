@@ -106,7 +106,7 @@ struct GemvChain {
   bool trigger_early = false;        // let the next kernel launch before this one's wait
   std::int64_t pdl_max_bytes = -1;   // PDL up to this weight size instead of pdl_gemv_max_bytes(); -1: the rule
   // The bulk GEMV asks these bytes into L2 after its own dependency wait and its read of the
-  // activation row (before the wait with GemvTuning::l2_next_before): [l2_next, l2_next +
+  // activation row: [l2_next, l2_next +
   // l2_next_bytes) and, with l2_next_second > 0, the same length from l2_next + l2_next_second
   // (the first rows of a gate|up's gate and up halves, in the order its blocks read them). A hint
   // only: no result depends on it; skipped unless both starts are 16-byte aligned, as bulk
@@ -126,9 +126,8 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
                  unsigned* tickets, const GemvChain& chain = {});
 
 // Launch-shape overrides of the out_in GEMVs (0 = the measured default, warps_per_column in
-// gemv.cu): warps per output column, 1, 2, 4 or 8, without and with the norm prologue; old_split:
-// one row takes the split rule of 2-4 rows, as before 2026-12-01 (for before/after comparisons).
-// Read once from XSERV_CUDA_GEMV_WPR, XSERV_CUDA_GEMV_NORM_WPR and XSERV_CUDA_GEMV_OLD_SPLIT=1;
+// gemv.cu): warps per output column, 1, 2, 4 or 8, without and with the norm prologue.
+// Read once from XSERV_CUDA_GEMV_WPR and XSERV_CUDA_GEMV_NORM_WPR;
 // bench/gemv_bench and the op tests write here between launches (not thread-safe: for
 // benchmarks and tests only).
 // bulk: plain one-row GEMVs with K up to max_bulk_k stream their weights through shared memory
@@ -143,7 +142,6 @@ void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void*
 // (docs/benchmarks.md, "Tried, not merged: norm GEMVs on bulk copies").
 struct GemvTuning {
   int wpr = 0, norm_wpr = 0;
-  bool old_split = false;
   bool bulk = true;
   bool early_out = true;
   int bulk_max_mb = 0;
@@ -217,13 +215,11 @@ struct GemvTuning {
   // 856 off, 844-849 with 4 and 8 (two interleaved passes): its DRAM (4.8 TB/s) brings the gate|up's
   // first wave in about as fast from DRAM, and the prefetches only add traffic. So the default
   // rule holds only on devices whose DRAM peak is under gemv_l2_next_max_dram.
-  // l2_next_before (XSERV_CUDA_GEMV_L2_NEXT_AT=0): before the o_proj's wait instead, as first
-  // tried: it lengthened the decode attention's post-wait chain by ~1.9 us while the gate|up
+  // Asked before the o_proj's wait instead (first tried; removed 2026-12-07): it lengthened the decode attention's post-wait chain by ~1.9 us while the gate|up
   // gained ~1.4 us (16 MB; +0.4% at 8 MB). Earlier L2 prefetches lost too (docs/benchmarks.md):
   // a side stream's during the three-kernel attention, and every GEMV's of its own weights
   // before its wait, which fetched while the previous GEMV still streamed.
   int l2_next_mb = -1;
-  bool l2_next_before = false;
 };
 // The DRAM peak (bytes/s) under which GemvTuning::l2_next_mb's default rule holds: an H100 SXM's
 // 3.35 TB/s gains by it, an H200's 4.8 TB/s loses.
@@ -411,11 +407,8 @@ bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcep
 void launch_attention_prefill(cudaStream_t stream, DType dt, const AttentionParams& p);
 bool attention_prefill_supported(DType dt, std::int32_t head_dim) noexcept;
 
-// qk_attention.cu: qk_transform_store and decode attention as one kernel, one block per (kv head,
-// row), for steps where every sequence has one query row (max_query_len == 1) and short contexts
-// (the caller bounds them: the block walks all of a row's keys). Opt-in (XSERV_CUDA_FUSED_ATTN):
-// slower than the separate kernels as it stands (qk_attention.cu says why). attn.partial_* and num_splits
-// are unused; qk.rows, n_*_heads and head_dim must agree with attn.
+// qk_transform_store and decode attention in one launch (launch_qk_attention_mma below): qk.rows,
+// n_*_heads and head_dim must agree with attn.
 struct QkAttentionParams {
   AttentionParams attn;
   QkTransformParams qk;
@@ -432,7 +425,6 @@ struct QkAttentionParams {
   const void* kv_next_k = nullptr;
   const void* kv_next_v = nullptr;
 };
-bool qk_attention_supported(DType dt, std::int32_t head_dim, std::int32_t group) noexcept;
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
 // transforms its q heads, the block of the row's own key writes k and v to the cache first), for
 // steps where every sequence has one query row. The splits (attn.num_splits, split_size,
@@ -446,7 +438,6 @@ bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t gr
                                 std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
                                 std::int32_t context_bucket, int sm_count) noexcept;
 void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
-void launch_qk_attention(cudaStream_t stream, DType dt, const QkAttentionParams& p);
 
 // sampling.cu
 struct SamplingRowParams {

@@ -20,8 +20,6 @@
 // Masses are summed in double: with thousands of kept tokens a float sum can move a draw across
 // a boundary of the order, and then the id differs completely.
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_check.hpp"
@@ -154,9 +152,9 @@ __device__ __forceinline__ double phase_target(int phase, const SamplingRowParam
 // top crosses the target. Thread t holds bin 255 - t, so an inclusive scan in thread order is that
 // running total; the first thread whose non-empty bin reaches the target (the draw: passes it)
 // holds the chosen bin, or, when rounding leaves the target just out of reach, the last non-empty
-// one. Then every thread clears its bin for the next pass. The same choice as the walk below but
-// two block barriers instead of ~256 dependent reads from L2 by one thread, which took most of a
-// pass (~13 us at batch 1; docs/benchmarks.md, "Sampling without top-k").
+// one. Then every thread clears its bin for the next pass. Two block barriers instead of ~256
+// dependent reads from L2 by one thread walking the bins, which took most of a pass (~13 us at
+// batch 1; docs/benchmarks.md, "Sampling without top-k").
 __device__ void select_bin_block(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
   static_assert(threads == 256, "one bin a thread");
   __shared__ double warp_total[threads / 32];
@@ -195,41 +193,9 @@ __device__ void select_bin_block(RowSelect& st, const SamplingRowParams& prm, in
   if (t == 0) st.arrived = 0;
 }
 
-// The same choice by one thread walking the bins (as before 2026-12-05:
-// XSERV_CUDA_SAMPLE_SERIAL_BIN=1, for comparisons).
-__device__ void select_bin_walk(RowSelect& st, const SamplingRowParams& prm, int vocab, std::int32_t* out) {
-  const bool by_count = st.phase == top_k_phase, strict = st.phase == draw_phase;
-  if (st.shift == 56) {
-    double z = 0.0;
-    for (int d = 0; d < 256; ++d) z += st.mass[d];
-    st.target = phase_target(st.phase, prm, z);
-  }
-  double run = st.above;
-  int chosen = -1, last = -1;
-  for (int d = 255; d >= 0; --d) {
-    if (st.count[d] == 0) continue;
-    const double b = by_count ? static_cast<double>(st.count[d]) : st.mass[d];
-    last = d;
-    const double next = run + b;
-    if (strict ? next > st.target : next >= st.target) {
-      chosen = d;
-      break;
-    }
-    run = next;
-  }
-  if (chosen < 0) {  // rounding left the target just out of reach: take the last element
-    chosen = last < 0 ? 0 : last;
-    run = st.above;
-    for (int d = 255; d > chosen; --d) run += by_count ? static_cast<double>(st.count[d]) : st.mass[d];
-  }
-  take_bin(st, prm, vocab, chosen, st.count[chosen], st.max_key[chosen], run, out);
-  for (int d = 0; d < 256; ++d) st.mass[d] = 0.0, st.count[d] = 0, st.max_key[d] = 0;
-  st.arrived = 0;
-}
-
 __global__ void __launch_bounds__(threads)
     select_pass_kernel(const float* logits, std::int64_t vocab64, const SamplingRowParams* params,
-                       RowSelect* sel, bool serial_bin, std::int32_t* out_ids) {
+                       RowSelect* sel, std::int32_t* out_ids) {
   __shared__ double mass[256];
   __shared__ unsigned count[256];
   __shared__ u64 max_key[256];
@@ -291,11 +257,7 @@ __global__ void __launch_bounds__(threads)
     atomicMax(&st.max_key[d], max_key[d]);
   }
   if (!last_block_of_row(st, nblk)) return;
-  if (!serial_bin) {
-    select_bin_block(st, prm, vocab, out_ids);
-  } else if (threadIdx.x == 0) {
-    select_bin_walk(st, prm, vocab, out_ids);
-  }
+  select_bin_block(st, prm, vocab, out_ids);
 }
 
 __global__ void token_counts_kernel(std::uint32_t* counts, std::int64_t vocab,
@@ -340,14 +302,10 @@ void launch_sample(cudaStream_t stream, float* logits, std::int32_t rows, std::i
   XSERV_CUDA_CHECK(cudaMemsetAsync(sel, 0, sample_select_bytes(rows), stream));
   const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>((vocab + min_chunk - 1) / min_chunk, 1, max_blocks));
   const dim3 grid(blocks, static_cast<unsigned>(rows));
-  // XSERV_CUDA_SAMPLE_SERIAL_BIN=1: one thread walks each pass's bins, as before 2026-12-05, for
-  // before/after comparisons; read at every call.
-  const char* env = std::getenv("XSERV_CUDA_SAMPLE_SERIAL_BIN");
-  const bool serial_bin = env != nullptr && std::string_view(env) == "1";
   select_prepare_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, counts, sel, out_ids);
   XSERV_CUDA_LAUNCH_CHECK();
   for (int p = 0; p < passes; ++p) {
-    select_pass_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, sel, serial_bin, out_ids);
+    select_pass_kernel<<<grid, threads, 0, stream>>>(logits, vocab, params, sel, out_ids);
     XSERV_CUDA_LAUNCH_CHECK();
   }
 }

@@ -130,7 +130,7 @@ __device__ __forceinline__ void greedy_finish_block(const u64* cand, unsigned* t
 // run the radix select by count over the adjusted logits.
 __global__ void __launch_bounds__(phase1_threads)
     topk_candidates_kernel(float* logits, std::int64_t vocab64, const SamplingRowParams* params,
-                           const std::uint32_t* counts, int k_max, bool legacy, u64* cand,
+                           const std::uint32_t* counts, int k_max, u64* cand,
                            unsigned* tickets, std::int32_t* out_ids, bool block_finish) {
   static_assert(phase1_threads == 256, "select_digit: one thread per digit");
   __shared__ unsigned bins[256];
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(phase1_threads)
   for (int i = threadIdx.x; i < k_max; i += blockDim.x) out[i] = 0ull;
   const int k = min(row_k(prm), max(end - begin, 0));
 
-  if (k == 1 && !legacy) {
+  if (k == 1) {
     u64 best = 0;
 #pragma unroll 4
     for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -190,18 +190,7 @@ __global__ void __launch_bounds__(phase1_threads)
         if ((key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 255], 1u);
       }
       __syncthreads();
-      if (!legacy) {
-        select_digit(bins, above, static_cast<unsigned>(k), warp_totals, &digit_sh, &above_sh);
-      } else if (threadIdx.x == 0) {  // the walk before 2026-12-01, for comparisons
-        unsigned run = above;
-        int d = 255;
-        for (; d > 0; --d) {
-          if (run + bins[d] >= static_cast<unsigned>(k)) break;
-          run += bins[d];
-        }
-        digit_sh = d;
-        above_sh = run;
-      }
+      select_digit(bins, above, static_cast<unsigned>(k), warp_totals, &digit_sh, &above_sh);
       __syncthreads();
       prefix |= static_cast<u64>(digit_sh) << shift;
       above = above_sh;
@@ -316,13 +305,9 @@ void launch_sample_topk(cudaStream_t stream, float* logits, std::int32_t rows, s
   int n_pow2 = 1;
   while (n_pow2 < n_cand) n_pow2 <<= 1;
   auto* cand = static_cast<u64*>(candidates);
-  // XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 as before 2026-12-01 (every row through the radix select,
-  // thread 0 walking the bins), for before/after comparisons; read at every call.
-  const char* env = std::getenv("XSERV_CUDA_SAMPLE_LEGACY");
-  const bool legacy = env != nullptr && std::string_view(env) == "1";
-  unsigned* one_pass = k_max == 1 && !legacy ? tickets : nullptr;
+  unsigned* one_pass = k_max == 1 ? tickets : nullptr;
   topk_candidates_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)), phase1_threads, 0,
-                           stream>>>(logits, vocab, params, counts, k_max, legacy, cand, one_pass, out_ids,
+                           stream>>>(logits, vocab, params, counts, k_max, cand, one_pass, out_ids,
                                                      sample_greedy_blocks(rows) != 64);
   XSERV_CUDA_LAUNCH_CHECK();
   if (one_pass != nullptr) return;

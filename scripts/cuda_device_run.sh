@@ -184,17 +184,15 @@ if [ "$stage" = decodeprof ]; then
   } 2>&1 | tee "$OUT/anatomy.txt"
   rm -f /tmp/ncu/*.sqlite; tar czf "$OUT/traces.tgz" -C /tmp/ncu . 2>/dev/null
 elif [ "$stage" = fused ]; then
-  # Issue 12's decode fusions in one call: before (XSERV_CUDA_FUSED_NORM=0), after (the defaults:
-  # GPT-2's LayerNorm/GELU in its GEMVs) and with the opt-in one-kernel attention
-  # (XSERV_CUDA_FUSED_ATTN=1024): batch-1 decode of every small model and Qwen3-8B, a context near the one-kernel
-  # attention's 1024-key bound, and 16 rows; then the HF parity of the models the fusions run.
+  # Issue 12's decode fusions in one call: before (XSERV_CUDA_FUSED_NORM=0) and after (the
+  # defaults: GPT-2's LayerNorm/GELU in its GEMVs): batch-1 decode of every small model and
+  # Qwen3-8B, a context of 1000 keys, and 16 rows; then the HF parity of the models the fusions run.
   run_cuda_tests 120
-  ab() {  # config, generate_bench args...: before, after (the defaults), the opt-in attention
-    for side in before after fused-attn; do
+  ab() {  # config, generate_bench args...: before, after (the defaults)
+    for side in before after; do
       case $side in
-        before) envs=(XSERV_CUDA_FUSED_ATTN=0 XSERV_CUDA_FUSED_NORM=0) ;;
-        after) envs=(XSERV_CUDA_NOTHING=1) ;;
-        *) envs=(XSERV_CUDA_FUSED_ATTN=1024) ;;
+        before) envs=(XSERV_CUDA_FUSED_NORM=0) ;;
+        *) envs=(XSERV_CUDA_NOTHING=1) ;;
       esac
       printf -- "-- %s %s %s: " "$1" "${*:2}" $side
       env "${envs[@]}" timeout 60 "$bin/generate_bench" --dummy-weights --config bench/configs/$1.json \
@@ -232,7 +230,7 @@ elif [ "$stage" = gemv ]; then
     timeout 90 /tmp/b/bench/gemv_bench ${GEMV_BENCH_ARGS:-} >"$OUT/gemv_bench.txt" 2>&1
     grep -E "best|rror" "$OUT/gemv_bench.txt"; grep -E "\| 0 \| 0 \|" "$OUT/gemv_bench.txt"
   fi
-  sides=(${GEMV_SIDES:-before:XSERV_CUDA_GEMV_OLD_SPLIT=1,XSERV_CUDA_ADJACENT_WEIGHTS=0 after:XSERV_CUDA_NOTHING=1})
+  sides=(${GEMV_SIDES:-before:XSERV_CUDA_ADJACENT_WEIGHTS=0 after:XSERV_CUDA_NOTHING=1})
   gb() {  # model, side label:envs, generate_bench args...
     local label=${2%%:*} envs=${2#*:}
     printf -- "-- %s %s %s: " "$1" "$label" "${*:3}"
@@ -466,7 +464,7 @@ elif [ "$stage" = serveprof ]; then
   tar czf "$OUT/ncu_csv.tgz" -C /tmp ncu
 elif [ "$stage" = batched ]; then
   # Issue 10, batched decode: the sampling tests (memcheck over the new one), then before
-  # (BEFORE_ENV, default XSERV_CUDA_SAMPLE_LEGACY=1: phase 1 of the split-row sampling as before)
+  # (BEFORE_ENV, default XSERV_CUDA_SAMPLE_ONE_PASS=0: the greedy rows' two sampling kernels)
   # and after, same build: generate_bench (GB_MODELS) and serve_bench (MODELS) at 16/64/128,
   # serving with the defaults alone (AFTER_MODELS), variants of 1.7B's decode (VARIANTS="ENV=V
   # ..."), the sampling kernels of one 128-row step (ncu, NCU_SIDES; NCU=0: none).
@@ -474,7 +472,7 @@ elif [ "$stage" = batched ]; then
   timeout 120 "$bin/xserv_tests" "${TEST_SPEC:-cuda sample*,cuda logprobs*,cuda engine*}" >"$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|FAILED|:[0-9]+: " "$OUT/tests.txt" | tail -12
   sanitize "${SANITIZE_SPEC:-cuda sample, many greedy*,cuda sample, split-row*}" sanitizer.txt
-  before_env=${BEFORE_ENV:-XSERV_CUDA_SAMPLE_LEGACY=1}
+  before_env=${BEFORE_ENV:-XSERV_CUDA_SAMPLE_ONE_PASS=0}
   ab() {  # binary, model, args...: before, after
     for side in before after; do
       printf -- "-- %s %s %s: " "$1" "$2" "$side"
@@ -505,7 +503,7 @@ elif [ "$stage" = batched ]; then
   if [ "${NCU:-1}" = 1 ]; then
     mkdir -p /tmp/ncu
     for side in ${NCU_SIDES:-before after}; do
-      if [ $side = before ]; then e=XSERV_CUDA_SAMPLE_LEGACY=1; else e=XSERV_CUDA_NOTHING=1; fi
+      if [ $side = before ]; then e=$before_env; else e=XSERV_CUDA_NOTHING=1; fi
       echo "== ncu: sampling kernels of one 128-row Qwen3-1.7B step, $side"
       env $e XSERV_CUDA_PROFILE_REPLAY=3 timeout 90 ncu --clock-control none --cache-control none \
         --profile-from-start off -k regex:topk --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \

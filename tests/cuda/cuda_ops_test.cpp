@@ -994,7 +994,7 @@ TEST_CASE("cuda out_in GEMVs at one row: every warps-per-column split and the bu
 // A chain of one-row GEMVs as a Qwen3 decode layer runs them under programmatic dependent launch
 // (o_proj + residual on the bulk kernel, the RMSNorm + gate|up + SwiGLU GEMV, down_proj + residual,
 // the RMSNorm + q|k|v GEMV; three layers deep), bf16 at d 2048: run(fused, early_trigger,
-// swiglu_pdl_mb, l2_next_mb, l2_next_before) returns x, q|k|v and the SwiGLU output
+// swiglu_pdl_mb, l2_next_mb) returns x, q|k|v and the SwiGLU output
 // after the last layer. fused: the o_proj and the gate|up, and the down_proj and the next q|k|v,
 // through gemm_rms_norm_gemm (the only op that passes a GemvChain on), else each pair as two
 // separate ops. The launch forms must not change a bit.
@@ -1019,13 +1019,11 @@ struct OneRowGemvChain {
     norm_w = be.gpu_tensor(g, dt, {d});
     x0 = randn(rng, static_cast<std::size_t>(d)), attn0 = randn(rng, static_cast<std::size_t>(d));
   }
-  std::vector<float> run(bool fused, int early_trigger, int swiglu_pdl_mb, int l2_next_mb = 0,
-                         bool l2_next_before = false) {
+  std::vector<float> run(bool fused, int early_trigger, int swiglu_pdl_mb, int l2_next_mb = 0) {
     cuda::GemvTuning t;
     t.early_trigger = early_trigger;
     t.swiglu_pdl_mb = swiglu_pdl_mb;
     t.l2_next_mb = l2_next_mb;
-    t.l2_next_before = l2_next_before;
     cuda::gemv_tuning() = t;
     Tensor x = be.gpu_tensor(x0, dt, {1, d}), attn = be.gpu_tensor(attn0, dt, {1, d});
     Tensor act = be.gpu_poisoned(dt, {1, inner}), qkv = be.gpu_poisoned(dt, {1, qkv_n});
@@ -1079,8 +1077,8 @@ TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits"
 // gemm_rms_norm_gemm, the o_proj triggering early only there (early_trigger 4, the default) and
 // the gate|up under PDL past the 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's
 // 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway), and the o_proj asking the gate|up's first
-// MB into L2 after or before its wait (l2_next_mb: -1 the default rule, which takes 6144, and
-// l2_next_before, 2026-12-05; 1024 is more than either weight: clamped to it): the bits of the
+// MB into L2 after its wait (l2_next_mb: -1 the default rule, which takes 6144; 1024 is more
+// than either weight: clamped to it): the bits of the
 // separate ops with none.
 TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defaults' bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
@@ -1089,21 +1087,18 @@ TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defa
   ResetGemvTuning reset;
   struct Form {
     int early_trigger, swiglu_pdl_mb, l2_next_mb;
-    bool l2_next_before;
   };
-  const Form forms[] = {{0, 0, 0, false},  {4, 0, 0, false},  {0, 64, 0, false},  {4, 64, 0, false},
-                        {5, 64, 0, false}, {4, 0, -1, false}, {4, 0, 16, true},   {0, 0, 1024, false},
-                        {4, 64, 8, false}, {0, 0, 1024, true}, {4, 64, -1, false}};
+  const Form forms[] = {{0, 0, 0},  {4, 0, 0},    {0, 64, 0}, {4, 64, 0},  {5, 64, 0},
+                        {4, 0, -1}, {4, 0, 16},   {0, 0, 1024}, {4, 64, 8}, {4, 64, -1}};
   for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
     OneRowGemvChain c(be, rng, inner);
     const std::vector<float> base = c.run(false, 0, 0);
     for (float v : base) REQUIRE(std::isfinite(v));
     for (const Form& f : forms) {
       INFO("inner " << inner << " early_trigger " << f.early_trigger << " swiglu_pdl_mb " << f.swiglu_pdl_mb
-                    << " l2_next_mb " << f.l2_next_mb << " before " << f.l2_next_before);
+                    << " l2_next_mb " << f.l2_next_mb);
       // tolerance 0: the same bits
-      const bool same =
-          c.run(true, f.early_trigger, f.swiglu_pdl_mb, f.l2_next_mb, f.l2_next_before) == base;
+      const bool same = c.run(true, f.early_trigger, f.swiglu_pdl_mb, f.l2_next_mb) == base;
       REQUIRE(same);
     }
   }
@@ -1484,15 +1479,13 @@ TEST_CASE("cuda qk_transform_store: the many-rows kernel writes the one-head-a-w
   }
 }
 
-TEST_CASE("cuda qk_attention: the one-kernel decode path and its fallbacks against the CPU", "[cuda]") {
-  // Decode batches with contexts up to the fused path's 1024-key bound (one block per kv head
-  // and row walks every key: 1, a partial first block, several warps' worth, block-size edges)
-  // and past it (1500: the split kernels), group sizes 1-8 (5: a group the kernel pads to 8),
-  // head_dim 64/128, with and without the q/k norm and RoPE; a mixed prefill batch takes the
-  // separate ops. Tolerances as the separate ops' test: the fused kernel reorders the f32 sums.
-  // The path is opt-in (XSERV_CUDA_FUSED_ATTN, read when the backend is made): on here.
+TEST_CASE("cuda qk_attention: the folded decode path and its fallbacks against the CPU", "[cuda]") {
+  // Backend::qk_attention as one op: decode batches over short contexts (the mma kernel with the
+  // q/k prologue folded in: 1 key, a partial first block, block-size edges) and long ones (the
+  // separate prologue and split kernels), group sizes 1-8, head_dim 64/128, with and without the
+  // q/k norm and RoPE; a mixed prefill batch takes the separate ops. Tolerances as the separate
+  // ops' test: the folded kernel reorders the f32 sums.
   XSERV_REQUIRE_CUDA_DEVICE();
-  const ScopedEnv fused_on("XSERV_CUDA_FUSED_ATTN", "1024");
   GpuCpu be;
   std::mt19937 rng(15);
   const std::vector<std::pair<std::int32_t, std::int32_t>> decode = {

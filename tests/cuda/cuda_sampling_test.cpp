@@ -201,15 +201,10 @@ TEST_CASE("cuda sample: greedy batches in one kernel (XSERV_CUDA_SAMPLE_ONE_PASS
 // Batches with a row past the split path (no top-k, or top-k > 1024) take the many-blocks-per-row
 // radix select (sampling.cu): every filter combination, flat rows where top-p keeps most of the
 // vocabulary (the select then narrows over many passes), ties, penalties and one-block vocabs.
-// Both ways of choosing a radix pass's bin (a block scan, the default; one thread's walk,
-// XSERV_CUDA_SAMPLE_SERIAL_BIN=1) give the CPU's ids.
 TEST_CASE("cuda sample, many blocks per row, matches the CPU backend", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
   std::mt19937 rng(14);
-  const std::string serial_bin = GENERATE(as<std::string>{}, "0", "1");
-  const ScopedEnv walk("XSERV_CUDA_SAMPLE_SERIAL_BIN", serial_bin.c_str());
-  INFO("XSERV_CUDA_SAMPLE_SERIAL_BIN=" << serial_bin);
   for (std::int64_t vocab : {37, 4096, 5000, 151936}) {
     SamplingBatch sb;
     for (std::uint64_t s = 0; s < 4; ++s) {
