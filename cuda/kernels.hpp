@@ -269,7 +269,9 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
 // N % 128 == 0, K % 64 == 0, ldo % 4 == 0, 16-byte aligned a, W and out, and a device of compute
 // capability 9.0 in a build that targets sm_90 (the kernel is compiled for sm_90a alone).
 constexpr std::int64_t max_wgmma_gemm_rows = 128;
-// The CUDA backend's limit (XSERV_CUDA_WGMMA_ROWS): 0, cuBLASLt, until measured.
+// The CUDA backend's limit (XSERV_CUDA_WGMMA_ROWS): 0, cuBLASLt, which measured faster at almost
+// every 64/128-row decode shape on an H100 (docs/benchmarks.md, "Tried: a Hopper warpgroup-MMA
+// GEMM for 17-128 decode rows").
 constexpr std::int64_t default_wgmma_rows = 0;
 bool wgmma_gemm_supported(DType dt, DType out_dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
                           const void* w, const void* out, std::int64_t ldo) noexcept;
