@@ -17,6 +17,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 timeout 90 /tmp/b/tests/cuda/xserv_cuda_tests "cuda wgmma gemm*" >"$OUT/tests_wg.txt" 2>&1
 echo "tests rc=$? $(tail -3 "$OUT/tests_wg.txt" | tr '\n' ' ')"
 G=/tmp/b/bench/gemm_bench
+# Back-to-back launches without programmatic dependent launch: does the early launch of the next
+# GEMM (its weights before its wait) help or hurt the kernel here?
+echo "== gemm_bench, XSERV_CUDA_PDL=0"
+XSERV_CUDA_PDL=0 timeout 60 $G --wgmma 1 --models 1.7b --rows 64,128 2>&1 | grep -E "^\| 1.7b"
 prof() {  # name, gemm_bench args, ncu filter args...
   local name=$1 args=$2; shift 2
   timeout 120 ncu --set full "$@" --launch-count 1 $G --wgmma 1 $args >"$OUT/ncu_$name.txt" 2>&1
