@@ -287,10 +287,12 @@ TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the 
       const ScopedEnv mcast_env("XSERV_CUDA_WGMMA_MCAST", mcast ? "2" : nullptr);
       std::vector<float> runs[2];
       for (Backend* b : {be.gpu.get(), plain[0].get()}) {
-        Tensor out = be.gpu_poisoned(dt, {c.m, c.n});
+        // Every poisoned tensor before the synchronize: their fills run on be.gpu's stream, and the
+        // plain backend runs on its own (a scratch poisoned after it once overwrote its results).
+        Tensor out = be.gpu_poisoned(dt, {c.m, c.n}), h = be.gpu_poisoned(dt, {c.m, c.k}),
+               y = be.gpu_poisoned(dt, {c.m, r.rows});
         be.gpu->synchronize();
-        b->rms_norm_gemm(out, gx, gg, 1e-6f, gw, true, be.gpu_poisoned(dt, {c.m, c.k}),
-                         be.gpu_poisoned(dt, {c.m, r.rows}));
+        b->rms_norm_gemm(out, gx, gg, 1e-6f, gw, true, h, y);
         b->synchronize();
         runs[b == be.gpu.get() ? 0 : 1] = be.read(out);
       }
