@@ -3,19 +3,11 @@
 # build): its test, then ncu's full set on one launch of each side of gemm_bench --wgmma 1:
 #   wg_qkv17   the kernel on Qwen3-1.7B's q|k|v at 64 rows, its own K parts (11.6 us vs 8.4, H100)
 #   lt_qkv17   cuBLASLt's first kernel of the same GEMM
-#   wg_qkv8_1  the kernel on Qwen3-8B's q|k|v at 64 rows in one part (26.2 us vs 20.3): streaming
+#   wg_qkv8    the kernel on Qwen3-8B's q|k|v at 64 rows, its own 8 K parts (26.7 us vs 20.3)
 # As a request's run.sh (scripts/device_round.sh) or alone: OUT=... bash bench/device/wgmma_ncu.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-source scripts/device-env.sh
-cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DXSERV_BUILD_BENCH=ON \
-  -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests gemm_bench >>"$OUT/build.txt" 2>&1 ||
-  { tail -40 "$OUT/build.txt"; exit 1; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-timeout 90 /tmp/b/tests/cuda/xserv_cuda_tests "cuda wgmma gemm*" >"$OUT/tests_wg.txt" 2>&1
-echo "tests rc=$? $(tail -3 "$OUT/tests_wg.txt" | tr '\n' ' ')"
+ROUND_TARGETS=gemm_bench ROUND_BUDGET=${ROUND_BUDGET:-280}
+source bench/device/cuda_round_common.sh
+tests wg 90 "cuda wgmma gemm*"
 G=/tmp/b/bench/gemm_bench
 # Back-to-back launches without programmatic dependent launch: does the early launch of the next
 # GEMM (its weights before its wait) help or hurt the kernel here?
@@ -31,7 +23,5 @@ prof() {  # name, gemm_bench args, ncu filter args...
 prof wg_qkv17 "--models 1.7b --rows 64" -k regex:wgmma_gemm
 # cuBLASLt's kernel (the first kernel of gemm_bench that is not ours; launched before ours)
 prof lt_qkv17 "--models 1.7b --rows 64" -k "regex:^(?!wgmma)"
-# gemm_bench sets the parts per column itself: the 1-part column's eager launch follows the own
-# parts' eager launch and its graph of 24 (2-3 weight copies cycled)
-prof wg_qkv8_1 "--models 8b --rows 64" -k regex:wgmma_gemm --launch-skip 25
+prof wg_qkv8 "--models 8b --rows 64" -k regex:wgmma_gemm
 echo "== $(date -u +%H:%M:%S) all done"
