@@ -5,11 +5,10 @@
 // over copies of the weight that together exceed the L2 cache, so every launch streams its
 // weight from DRAM as in a real step. Prints one line per shape and launch shape:
 //   shape  MB  wpr  us  TB/s
-// ("wpr 0" is the default the backend picks; named rows are
-// GemvTuning variants, and "read xN" a pure streaming read of the same bytes by N blocks an SM,
-// the ceiling). Usage: gemv_bench [--quick | --variants] (--quick: the defaults only;
-// --variants: the defaults, the variants and the read ceiling, no split sweep). Speed is
-// printed, never asserted.
+// ("wpr 0" is the default the backend picks; named rows are GemvTuning variants, and "read xN"
+// a pure streaming read of the same bytes by N blocks an SM, the ceiling). Usage: gemv_bench
+// [--quick | --variants] (--quick: the defaults only; --variants: the defaults, the variants and
+// the read ceiling, no split sweep). Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

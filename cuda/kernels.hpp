@@ -106,11 +106,10 @@ struct GemvChain {
   bool trigger_early = false;        // let the next kernel launch before this one's wait
   std::int64_t pdl_max_bytes = -1;   // PDL up to this weight size instead of pdl_gemv_max_bytes(); -1: the rule
   // The bulk GEMV asks these bytes into L2 after its own dependency wait and its read of the
-  // activation row: [l2_next, l2_next +
-  // l2_next_bytes) and, with l2_next_second > 0, the same length from l2_next + l2_next_second
-  // (the first rows of a gate|up's gate and up halves, in the order its blocks read them). A hint
-  // only: no result depends on it; skipped unless both starts are 16-byte aligned, as bulk
-  // prefetches need (GemvTuning::l2_next_mb).
+  // activation row: [l2_next, l2_next + l2_next_bytes) and, with l2_next_second > 0, the same
+  // length from l2_next + l2_next_second (the first rows of a gate|up's gate and up halves, in the
+  // order its blocks read them). A hint only: no result depends on it; skipped unless both starts
+  // are 16-byte aligned, as bulk prefetches need (GemvTuning::l2_next_mb).
   const void* l2_next = nullptr;
   std::int64_t l2_next_bytes = 0;
   std::int64_t l2_next_second = 0;
@@ -215,10 +214,11 @@ struct GemvTuning {
   // 856 off, 844-849 with 4 and 8 (two interleaved passes): its DRAM (4.8 TB/s) brings the gate|up's
   // first wave in about as fast from DRAM, and the prefetches only add traffic. So the default
   // rule holds only on devices whose DRAM peak is under gemv_l2_next_max_dram.
-  // Asked before the o_proj's wait instead (first tried; removed 2026-12-07): it lengthened the decode attention's post-wait chain by ~1.9 us while the gate|up
-  // gained ~1.4 us (16 MB; +0.4% at 8 MB). Earlier L2 prefetches lost too (docs/benchmarks.md):
-  // a side stream's during the three-kernel attention, and every GEMV's of its own weights
-  // before its wait, which fetched while the previous GEMV still streamed.
+  // Asked before the o_proj's wait instead (first tried; removed 2026-12-07): it lengthened the
+  // decode attention's post-wait chain by ~1.9 us while the gate|up gained ~1.4 us (16 MB; +0.4%
+  // at 8 MB). Earlier L2 prefetches lost too (docs/benchmarks.md): a side stream's during the
+  // three-kernel attention, and every GEMV's of its own weights before its wait, which fetched
+  // while the previous GEMV still streamed.
   int l2_next_mb = -1;
 };
 // The DRAM peak (bytes/s) under which GemvTuning::l2_next_mb's default rule holds: an H100 SXM's

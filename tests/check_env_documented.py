@@ -2,8 +2,9 @@
 """Fails unless the README's XSERV_* names and the names the project reads are the same set.
 
 The README's option tables are where a user learns what can be set. A variable the library reads
-(a string literal "XSERV_..." in include/, lib/, cuda/, capi/ or tools/: the names passed to
-getenv or to the helpers that read it) and missing from the README is an undocumented option; a
+(a string literal "XSERV_..." in the C, C++ and CUDA sources of include/, lib/, cuda/, capi/ and
+examples/, where the CLI and the server live: the names passed to getenv or to the helpers that
+read it) and missing from the README is an undocumented option; a
 name the README gives that no file of the project mentions (sources, CMake, scripts, benchmarks,
 tests) is a stale row, an option that no longer exists.
 
@@ -16,7 +17,7 @@ import sys
 root = pathlib.Path(sys.argv[1])
 code_suffixes = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".inc"}
 read = {}
-for folder in ("include", "lib", "cuda", "capi", "tools"):
+for folder in ("include", "lib", "cuda", "capi", "examples"):
     for path in sorted((root / folder).rglob("*")):
         if path.suffix in code_suffixes:
             for n in re.findall(r'"(XSERV_[A-Z0-9_]+)"', path.read_text(errors="replace")):
@@ -24,7 +25,7 @@ for folder in ("include", "lib", "cuda", "capi", "tools"):
 
 mentioned = set()
 sources = [root / "CMakeLists.txt", root / "CMakePresets.json"]
-for folder in ("include", "lib", "cuda", "capi", "tools", "examples", "tests", "bench", "scripts", "cmake"):
+for folder in ("include", "lib", "cuda", "capi", "examples", "tests", "bench", "scripts", "cmake"):
     sources += [p for p in (root / folder).rglob("*") if p.is_file()]
 for path in sources:
     if path.stat().st_size < 4 << 20:

@@ -192,27 +192,35 @@ TEST_CASE("cuda gemm: layouts, bias, beta = 1 residual, strided output, f32 logi
 // 128 rows (partial ones included), K in 1-8 parts summed over a cluster (forced through
 // XSERV_CUDA_WGMMA_SPLITS, read at every launch, and the kernel's own choice), bf16 out with and
 // without the residual (beta = 1), strided, and f32 logits, against the CPU backend; the same
-// parts twice give the same bits; and pairs of tiles sharing the activations by multicast. On a
-// compute-capability 9.0 device the kernel must be there
+// parts twice give the same bits; and pairs of tiles sharing the activations by multicast.
+
+namespace {
+
+// Whether the wgmma cases run here: on a compute-capability 9.0 device the kernel must be there
 // (a build for sm_90 compiles it for sm_90a); elsewhere the case says it was skipped.
+bool wgmma_cases_run(GpuCpu& be) {
+  Tensor probe = be.gpu_poisoned(DType::bf16, {128, 128});
+  const bool supported =
+      cuda::wgmma_gemm_supported(DType::bf16, DType::bf16, 64, 128, 128, probe.data, probe.data, probe.data, 128);
+  int dev = 0, major = 0, minor = 0;
+  REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
+  if (major != 9 || minor != 0) {
+    WARN("not a compute-capability 9.0 device: the wgmma kernel is not used, test skipped");
+    return false;
+  }
+  REQUIRE(supported);
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("cuda wgmma gemm: 17-128 rows, K in parts over a cluster, against the CPU backend", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   const ScopedEnv rows_env("XSERV_CUDA_WGMMA_ROWS", "128");
   GpuCpu be;
-  {
-    Tensor probe = be.gpu_poisoned(DType::bf16, {128, 128});
-    const bool supported = cuda::wgmma_gemm_supported(DType::bf16, DType::bf16, 64, 128, 128, probe.data, probe.data,
-                                                      probe.data, 128);
-    int dev = 0, major = 0, minor = 0;
-    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
-    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
-    REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
-    if (major != 9 || minor != 0) {
-      WARN("not a compute-capability 9.0 device: the wgmma kernel is not used, test skipped");
-      return;
-    }
-    REQUIRE(supported);
-  }
+  if (!wgmma_cases_run(be)) return;
   std::mt19937 rng(29);
   struct Case {
     std::int64_t m, k, n;
@@ -311,13 +319,7 @@ TEST_CASE("cuda wgmma gemm: one-hot weights give each output exactly one activat
   XSERV_REQUIRE_CUDA_DEVICE();
   const ScopedEnv rows_env("XSERV_CUDA_WGMMA_ROWS", "128");
   GpuCpu be;
-  {
-    Tensor probe = be.gpu_poisoned(DType::bf16, {128, 128});
-    if (!cuda::wgmma_gemm_supported(DType::bf16, DType::bf16, 64, 128, 128, probe.data, probe.data, probe.data, 128)) {
-      WARN("the wgmma kernel is not available on this device: test skipped (the case above requires it on 9.0)");
-      return;
-    }
-  }
+  if (!wgmma_cases_run(be)) return;
   struct Case {
     std::int64_t m, k, n;
     const char* parts;
@@ -1081,8 +1083,7 @@ TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits"
 // the gate|up under PDL past the 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's
 // 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway), and the o_proj asking the gate|up's first
 // MB into L2 after its wait (l2_next_mb: -1 the default rule, which takes 6144; 1024 is more
-// than either weight: clamped to it): the bits of the
-// separate ops with none.
+// than either weight: clamped to it): the bits of the separate ops with none.
 TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defaults' bits", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -1091,8 +1092,8 @@ TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defa
   struct Form {
     int early_trigger, swiglu_pdl_mb, l2_next_mb;
   };
-  const Form forms[] = {{0, 0, 0},  {4, 0, 0},    {0, 64, 0}, {4, 64, 0},  {5, 64, 0},
-                        {4, 0, -1}, {4, 0, 16},   {0, 0, 1024}, {4, 64, 8}, {4, 64, -1}};
+  const Form forms[] = {{0, 0, 0},  {4, 0, 0},  {0, 64, 0},   {4, 64, 0}, {5, 64, 0},
+                        {4, 0, -1}, {4, 0, 16}, {0, 0, 1024}, {4, 64, 8}, {4, 64, -1}};
   for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
     OneRowGemvChain c(be, rng, inner);
     const std::vector<float> base = c.run(false, 0, 0);
