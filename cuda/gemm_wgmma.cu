@@ -39,7 +39,11 @@
 //   neighbouring weight tiles may share them: each block of the pair loads half of the box and
 //   multicasts it to both, and releases a stage on both blocks' empty barriers.
 // Two blocks an SM (~100 KB of shared memory each): one block's epilogue and ramp overlap the
-// other's stream. K parts are chosen so every SM holds a block (choose_splits).
+// other's stream. K parts are chosen so every SM holds a block (choose_splits). Where the blocks
+// fit one wave of one block an SM (XSERV_CUDA_WGMMA_DEEP, deep_ring), the second block would have
+// nothing to run, so the block takes a deep ring instead (~220 KB: 7-11 stages): at 64 rows
+// cuBLASLt's kernel keeps 15 stages of 64-wide K steps in flight where this one kept 4, and
+// streamed the same weight at ~1.6x the rate (ncu, docs/benchmarks.md).
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -68,14 +72,18 @@ constexpr int w_stage_bytes = tile_w * k_step * 2;
 constexpr int acc_stride = tile_w + 4;  // floats a row of the epilogue's tile: conflict-free stores
 constexpr int max_splits = 8;           // a portable cluster
 
-template <int NA>
+// The ring: ~100 KB (two blocks an SM) or, Deep, as much of the SM's 227 KB as whole stages fill
+// (one block an SM, a stream of 11, 9, 7 stages in flight instead of 5, 4, 3).
+template <int NA, bool Deep>
 struct Config {
   static constexpr int a_stage_bytes = NA * k_step * 2;
   static constexpr int stage_bytes = w_stage_bytes + a_stage_bytes;
-  static constexpr int stages = (100 * 1024) / stage_bytes;  // 5, 4, 3 for NA = 32, 64, 128
+  static constexpr int stages = (Deep ? 230400 : 100 * 1024) / stage_bytes;
   static constexpr int ring_bytes = stages * stage_bytes;
   static constexpr int smem_bytes = ring_bytes + 2 * stages * 8 + 1024;  // + barriers, + alignment
+  static constexpr int blocks_per_sm = Deep ? 1 : 2;
   static_assert(NA * acc_stride * 4 <= ring_bytes, "the epilogue tile reuses the ring");
+  static_assert(smem_bytes <= 232448, "an SM's shared memory for one block");
 };
 
 struct WgParams {
@@ -201,11 +209,11 @@ __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], std::uint64_t a,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int NA, typename OutT, bool Swiglu, int CX>
-__global__ void __launch_bounds__(threads, 2)
+template <int NA, typename OutT, bool Swiglu, int CX, bool Deep>
+__global__ void __launch_bounds__(threads, Config<NA, Deep>::blocks_per_sm)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap amap, WgParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Config<NA>;
+  using C = Config<NA, Deep>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
                                                          ~std::uintptr_t{1023});
@@ -477,20 +485,21 @@ int choose_splits(int tiles, int k_steps, int sm_count) {
   return best;
 }
 
-template <int NA, typename OutT, bool Swiglu, int CX>
+template <int NA, typename OutT, bool Swiglu, int CX, bool Deep>
 void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& amap, const WgParams& p,
                int tiles) {
-  auto* kernel = wgmma_gemm_kernel<NA, OutT, Swiglu, CX>;
+  using C = Config<NA, Deep>;
+  auto* kernel = wgmma_gemm_kernel<NA, OutT, Swiglu, CX, Deep>;
   static std::once_flag attr_once[64];
   int dev = 0;
   XSERV_CUDA_CHECK(cudaGetDevice(&dev));
   std::call_once(attr_once[dev & 63], [&] {
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<NA>::smem_bytes));
+    XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes));
   });
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.splits));
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = Config<NA>::smem_bytes;
+  config.dynamicSmemBytes = C::smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   int count = 0;
@@ -511,29 +520,41 @@ void launch_na(cudaStream_t stream, const CUtensorMap& wmap, const CUtensorMap& 
   XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, wmap, amap, p));
 }
 
-template <typename OutT, bool Swiglu, int CX>
+template <typename OutT, bool Swiglu, int CX, bool Deep>
 void launch_cx(cudaStream_t stream, const CUtensorMap& wmap, const void* a, const WgParams& p, int tiles) {
   // The activation box: the tile's rows, or a CX-th of them with the multicast.
   const auto amap = [&](int na) { return tensor_map(a, p.m, p.k, std::int64_t{p.k} * 2, na / CX); };
   if (p.m <= 32)
-    launch_na<32, OutT, Swiglu, CX>(stream, wmap, amap(32), p, tiles);
+    launch_na<32, OutT, Swiglu, CX, Deep>(stream, wmap, amap(32), p, tiles);
   else if (p.m <= 64)
-    launch_na<64, OutT, Swiglu, CX>(stream, wmap, amap(64), p, tiles);
+    launch_na<64, OutT, Swiglu, CX, Deep>(stream, wmap, amap(64), p, tiles);
   else
-    launch_na<128, OutT, Swiglu, CX>(stream, wmap, amap(128), p, tiles);
+    launch_na<128, OutT, Swiglu, CX, Deep>(stream, wmap, amap(128), p, tiles);
+}
+
+// Whether a launch of `blocks` takes the deep ring (one block an SM). XSERV_CUDA_WGMMA_DEEP (read
+// at every launch, for comparisons): 0 never, 1 always, unset or "auto" where the blocks fit one
+// wave of one block an SM, so the second block an SM that the shallow ring leaves room for would
+// have nothing to run anyway.
+bool deep_ring(int blocks, int sm_count) {
+  const char* env = std::getenv("XSERV_CUDA_WGMMA_DEEP");
+  if (env != nullptr && (env[0] == '0' || env[0] == '1') && env[1] == '\0') return env[0] == '1';
+  return blocks <= sm_count;
 }
 
 // XSERV_CUDA_WGMMA_MCAST=2 (opt-in, read at every launch, for comparisons): pairs of neighbouring
 // weight tiles share the activation boxes by TMA multicast (each block reads half of them from
 // L2), where the tile count is even; the K parts are then at most 4 (a cluster of at most 8).
 template <typename OutT, bool Swiglu>
-void launch_out(cudaStream_t stream, const CUtensorMap& wmap, const void* a, WgParams p, int tiles) {
+void launch_out(cudaStream_t stream, const CUtensorMap& wmap, const void* a, WgParams p, int tiles, int sm_count) {
   const char* env = std::getenv("XSERV_CUDA_WGMMA_MCAST");
   if (env && std::atoi(env) == 2 && tiles % 2 == 0) {
     p.splits = std::min(p.splits, max_splits / 2);
-    launch_cx<OutT, Swiglu, 2>(stream, wmap, a, p, tiles);
+    launch_cx<OutT, Swiglu, 2, false>(stream, wmap, a, p, tiles);
+  } else if (deep_ring(tiles * p.splits, sm_count)) {
+    launch_cx<OutT, Swiglu, 1, true>(stream, wmap, a, p, tiles);
   } else {
-    launch_cx<OutT, Swiglu, 1>(stream, wmap, a, p, tiles);
+    launch_cx<OutT, Swiglu, 1, false>(stream, wmap, a, p, tiles);
   }
 }
 
@@ -556,9 +577,9 @@ void launch_wgmma_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_
   p.splits = choose_splits(tiles, static_cast<int>(k / k_step), sm_count);
   const CUtensorMap wmap = tensor_map(w, n, k, k * 2, tile_w);
   if (out_dt == DType::f32)
-    launch_out<float, false>(stream, wmap, a, p, tiles);
+    launch_out<float, false>(stream, wmap, a, p, tiles, sm_count);
   else
-    launch_out<bf16, false>(stream, wmap, a, p, tiles);
+    launch_out<bf16, false>(stream, wmap, a, p, tiles, sm_count);
 }
 
 void launch_wgmma_swiglu(cudaStream_t stream, void* out, const void* a, const void* w, std::int64_t m, std::int64_t n,
@@ -566,7 +587,7 @@ void launch_wgmma_swiglu(cudaStream_t stream, void* out, const void* a, const vo
   const int tiles = static_cast<int>(n / tile_w);  // 64 gate and 64 up rows a block
   WgParams p{out, n / 2, 0.0f, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1};
   p.splits = choose_splits(tiles, static_cast<int>(k / k_step), sm_count);
-  launch_out<bf16, true>(stream, tensor_map(w, n, k, k * 2, tile_w / 2), a, p, tiles);
+  launch_out<bf16, true>(stream, tensor_map(w, n, k, k * 2, tile_w / 2), a, p, tiles, sm_count);
 }
 
 }  // namespace xserv::cuda
