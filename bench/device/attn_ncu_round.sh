@@ -6,7 +6,8 @@
 #   OUT=... BUDGET=220 bash bench/device/attn_ncu_round.sh
 # Forms: the 4-warp block kernel with split keys (Qwen3-8B batch 1 after 16384 tokens; 52% of the
 # DRAM bandwidth in CUPTI traces of 2026-12-06, H100 and H200 alike) and the one-kv-head-a-warp
-# form (Qwen3-1.7B decode at 128 rows). ncu replays each kernel with the caches as found
+# form (Qwen3-1.7B decode at 128 rows), and the one-pass short-context kernel at 16 rows
+# (Qwen3-8B, rows16; ATTN_NCU_FORMS chooses). ncu replays each kernel with the caches as found
 # (--cache-control none) and the clocks as found (--clock-control none), so its durations are
 # the kernel alone, without the PDL overlap that a trace's include.
 ROUND_TARGETS="cpu_ops_bench" ROUND_BUDGET=220
@@ -29,8 +30,16 @@ prof() {  # label, kernel regex, generate_bench arguments...
   grep -E "smsp__pcsamp_warps_issue_stalled_[a-z_]+ " "$OUT/ncu_${label}_raw.txt" | sort -k3 -n -r | head -12
   gzip -f "$OUT/ncu_${label}_sass.csv"
 }
-prof long8b "attention_decode_mma" --config bench/configs/qwen3-8b.json --batch 1 --prompt-len 16384 --gen-len 8
-prof rows128 "attention_decode_mma" --config bench/configs/qwen3-1.7b.json --batch 128 --prompt-len 128 --gen-len 8
+# ATTN_NCU_FORMS picks and orders the forms (default: long8b rows128).
+for form in ${ATTN_NCU_FORMS:-long8b rows128}; do
+  case $form in
+    long8b) prof long8b "attention_decode_mma" --config bench/configs/qwen3-8b.json --batch 1 --prompt-len 16384 --gen-len 8 ;;
+    rows128) prof rows128 "attention_decode_mma" --config bench/configs/qwen3-1.7b.json --batch 128 --prompt-len 128 --gen-len 8 ;;
+    # The one-pass short-context kernel at 16 serving rows of Qwen3-8B: ~9-13 us after the q|k|v
+    # GEMM in the traces, for ~12 MB of K/V a layer (~3 us at the H200's rate).
+    rows16) prof rows16 "attention_decode_short" --config bench/configs/qwen3-8b.json --batch 16 --prompt-len 128 --gen-len 8 ;;
+  esac
+done
 echo "== $(ts) done"
 # The CPU backend's prefill LayerNorm took ~47 us a call at 2, 8 and 16 threads alike in
 # generate_bench --profile on this machine's Xeon (2026-12-06), where 128 x 768 rows should scale:
