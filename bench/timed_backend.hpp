@@ -121,7 +121,6 @@ class TimedBackend final : public Backend {
     time("qk_attention", [&] { inner_->qk_attention(out, qkv, heads, t, batch, cache, scale); });
   }
   void prefetch_next(const Tensor& w) override { inner_->prefetch_next(w); }  // a hint: not timed
-  void prefetch_next_kv(const KvLayer& cache) override { inner_->prefetch_next_kv(cache); }
   void gelu(Tensor x) override { time("gelu", [&] { inner_->gelu(x); }); }
   void swiglu(Tensor out, const Tensor& gate_up) override {
     time("swiglu", [&] { inner_->swiglu(out, gate_up); });

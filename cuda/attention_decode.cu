@@ -1253,17 +1253,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
     }
     __syncwarp();  // q (and the own k/v) visible to the warp's lanes
     ask_next();
-    // params.kv_next_*: this lane's key's K and V rows in the next layer's cache (the same slot)
-    // into L2, where that layer's attention will copy them from before its own wait.
-    if (params.kv_next_k != nullptr && off >= 0) {
-      const char* nk = static_cast<const char*>(params.kv_next_k) + off * 2;
-      const char* nv = static_cast<const char*>(params.kv_next_v) + off * 2;
-#pragma unroll
-      for (int b = 0; b < D * 2; b += 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(nk + b));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(nv + b));
-      }
-    }
 #pragma unroll
     for (int k = 0; k < ksteps; ++k) {
       qf[k][0] = g < group ? *reinterpret_cast<const unsigned*>(&s_q[g * D + 16 * k + 2 * t4]) : 0u;

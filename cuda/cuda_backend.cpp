@@ -172,7 +172,6 @@ class CudaBackend final : public Backend {
   void qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                     const DeviceBatch& batch, KvLayer cache, float scale) override;
   void prefetch_next(const Tensor& w) override { next_weight_ = w; }
-  void prefetch_next_kv(const KvLayer& cache) override { next_kv_ = cache; }
   std::int64_t attention_l2_next_bytes(const Tensor& w, std::int64_t rows) const;
   void gelu(Tensor x) override;
   void swiglu(Tensor out, const Tensor& gate_up) override;
@@ -230,7 +229,6 @@ class CudaBackend final : public Backend {
   std::int64_t l2_bytes_ = 0;  // the device's L2 cache
   double dram_peak_ = 0;       // the device's DRAM peak in bytes/s (clock x bus width x 2)
   Tensor next_weight_;  // prefetch_next's hint, taken (and cleared) by qk_attention and gemm_rms_norm_gemm
-  KvLayer next_kv_;     // prefetch_next_kv's hint, taken (and cleared) by qk_attention
   cudaStream_t stream_ = nullptr;
   DeviceArena weights_;
   DeviceArena work_;
@@ -1154,7 +1152,6 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
                                const QkTransform& t, const DeviceBatch& batch, KvLayer cache,
                                float scale) {
   const Tensor next_weight = std::exchange(next_weight_, Tensor{});  // the hint holds for this op only
-  const KvLayer next_kv = std::exchange(next_kv_, KvLayer{});
   const std::int32_t group = heads.n_kv_heads > 0 ? heads.n_q_heads / heads.n_kv_heads : 0;
   const std::int32_t bucket = std::max(256, next_pow2(batch.max_context_len));
   // The split mma decode kernel with the prologue folded in: few rows over a short context
@@ -1171,14 +1168,6 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     set_attention_splits(p.attn, qkv.dtype, batch);
     const std::int64_t ask = attention_l2_next_bytes(next_weight, batch.num_tokens);
     if (ask > 0) p.l2_next = {next_weight.data, ask};
-    // XSERV_CUDA_ATTN_KV_NEXT=1 (opt-in, read at every call): the one-pass short-context kernel
-    // asks the next layer's K/V rows of this step's keys into L2 (prefetch_next_kv).
-    const char* kv_env = std::getenv("XSERV_CUDA_ATTN_KV_NEXT");
-    if (kv_env != nullptr && std::string_view(kv_env) == "1" && !next_kv.k.empty() &&
-        next_kv.k.dtype == cache.k.dtype && next_kv.k.shape == cache.k.shape && next_kv.v.shape == cache.v.shape) {
-      p.kv_next_k = next_kv.k.data;
-      p.kv_next_v = next_kv.v.data;
-    }
     launch_qk_attention_mma(stream_, p);
     return;
   }

@@ -421,11 +421,6 @@ struct QkAttentionParams {
   // (attention_decode_short_kernel) after its wait, while its own work leaves DRAM idle. Other
   // kernels ignore it. Set by CudaBackend::qk_attention from Backend::prefetch_next.
   L2Prefetch l2_next;
-  // The next layer's K and V caches (Backend::prefetch_next_kv, same shape as this layer's): the
-  // one-pass short-context kernel asks each of its keys' rows there into L2 after its wait. Other
-  // kernels ignore them. Null: nothing.
-  const void* kv_next_k = nullptr;
-  const void* kv_next_v = nullptr;
 };
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
 // transforms its q heads, the block of the row's own key writes k and v to the cache first), for

@@ -239,11 +239,6 @@ class Backend {
   // is the skinny kernel: XSERV_CUDA_ATTN_L2_NEXT_MB) and in gemm_rms_norm_gemm (the skinny
   // SwiGLU GEMM, opt-in: XSERV_CUDA_SKINNY_L2_NEXT_MB); docs/cuda.md.
   virtual void prefetch_next(const Tensor& w) { (void)w; }
-  // The same kind of hint for the KV cache: the next layer's attention reads `cache` at this
-  // batch's keys (the same slots as this layer's). Give it right before qk_attention: it holds
-  // for that op only. CUDA's short-context decode kernel may ask those rows into L2 after its
-  // own wait (opt-in, XSERV_CUDA_ATTN_KV_NEXT); the default ignores it.
-  virtual void prefetch_next_kv(const KvLayer& cache) { (void)cache; }
 
   // x = gelu_tanh(x) in place (GPT-2's gelu_new).
   virtual void gelu(Tensor x) = 0;

@@ -161,7 +161,6 @@ class Qwen3 final : public Model {
       }
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.prefetch_next(l.o_w);
-      if (i + 1 < layers.size()) be.prefetch_next_kv(cache.layer(static_cast<std::int32_t>(i + 1)));
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
       if (one_rank && !l.gate_up_w.empty()) {
         be.prefetch_next(l.down_w);

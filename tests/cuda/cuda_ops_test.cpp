@@ -1779,8 +1779,7 @@ TEST_CASE("cuda decode attention kernels: chunk and split edges, GQA, mixed leng
 // and the 256-key bucket, in batches of 8 rows and single rows; GQA 1, 2, 3, 4, 5, 8; head_dim 64
 // and 128; cache blocks of 16 and 5 keys. Last, the next op's weight asked into L2 after the wait
 // (Backend::prefetch_next, XSERV_CUDA_ATTN_L2_NEXT_MB: `auto` at 8 rows, 2 MB at every row count;
-// a weight of a size that is not a multiple of 16 bytes) changes no bit of any of them, nor do
-// the next layer's K/V rows asked into L2 (Backend::prefetch_next_kv, XSERV_CUDA_ATTN_KV_NEXT=1).
+// a weight of a size that is not a multiple of 16 bytes) changes no bit of any of them.
 TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
   GpuCpu be;
@@ -1811,7 +1810,7 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
   // A weight of 1537 x 1001 bf16 (3077074 bytes) for the prefetch hint.
   const Tensor next_w = be.gpu_tensor(std::vector<float>(1537 * 1001, 0.5f), DType::bf16, {1537, 1001});
   const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode,
-                       bool hint = false, bool kv_hint = false) {
+                       bool hint = false) {
     const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", mode);
     std::mt19937 r(seed);
     const AttnInputs in = make_attn_inputs(r, DType::bf16, g, bs, seqs);
@@ -1824,16 +1823,12 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
     const DeviceBatch gb = be.gpu->upload_batch(p.batch);
     Tensor gout = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    // The "next layer" of the K/V hint: another cache of the same shape.
-    const KvLayer next_layer{be.gpu_tensor(vc, DType::bf16, cshape), be.gpu_tensor(kc, DType::bf16, cshape)};
     if (hint) be.gpu->prefetch_next(next_w);
-    if (kv_hint) be.gpu->prefetch_next_kv(next_layer);
     be.gpu->qk_attention(gout, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
     Result res{be.read(gout), be.read(cache.k), be.read(cache.v)};
     if (mode == nullptr || std::string_view(mode) != "0") {  // a second launch over the same inputs
       Tensor again = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
       if (hint) be.gpu->prefetch_next(next_w);
-      if (kv_hint) be.gpu->prefetch_next_kv(next_layer);
       be.gpu->qk_attention(again, be.gpu_tensor(qkv, DType::bf16, {t, width}), g, tr, gb, cache, scale);
       REQUIRE(be.read(again) == res.out);
     }
@@ -1854,14 +1849,6 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
           const ScopedEnv env_mb("XSERV_CUDA_ATTN_L2_NEXT_MB", mb);
           INFO("the next weight asked into L2, XSERV_CUDA_ATTN_L2_NEXT_MB=" << mb);
           const Result asked = run(seed, g, *seqs, bs, nullptr, true);
-          REQUIRE(asked.out == one.out);
-          REQUIRE(asked.k == one.k);
-          REQUIRE(asked.v == one.v);
-        }
-        {
-          const ScopedEnv env_kv("XSERV_CUDA_ATTN_KV_NEXT", "1");
-          INFO("the next layer's K/V rows asked into L2 (XSERV_CUDA_ATTN_KV_NEXT=1)");
-          const Result asked = run(seed, g, *seqs, bs, nullptr, false, true);
           REQUIRE(asked.out == one.out);
           REQUIRE(asked.k == one.k);
           REQUIRE(asked.v == one.v);
