@@ -28,7 +28,7 @@ sb() {  # label, env, model, concurrency
     "decode-only ms $(grep -oE '[0-9.]+ ms each' "$f" | awk '{printf "%s/", $1}')"
 }
 v=("base|" "deep|XSERV_CUDA_WGMMA_ROWS=128" "shallow|XSERV_CUDA_WGMMA_ROWS=128 XSERV_CUDA_WGMMA_DEEP=0")
-for pass in 1 2; do
+for pass in $(seq 1 "${PASSES:-2}"); do  # PASSES=1: one pass of the serving rows
   for x in "${v[@]}"; do sb "${x%%|*}" "${x#*|}" qwen3-1.7b 64,128; done
   [ $pass = 1 ] && for x in "${v[@]}"; do sb "${x%%|*}" "${x#*|}" qwen3-8b 64; done
 done
