@@ -16,12 +16,7 @@
 // (read at every launch): the default, XSERV_CUDA_SKINNY_DEEP=7 (two steps of weights in flight),
 // XSERV_CUDA_SKINNY_BIG_WARPS=0/2/8 (the lm_head's warps a block; 0: one, the rule before
 // 2026-12-04; the default is 4), deep with 2 and 4, and XSERV_CUDA_SKINNY_ACT_AHEAD=1.
-// --wgmma 1 instead times Hopper's warpgroup MMA kernel (cuda/gemm_wgmma.cu, rows <= 128) against
-// the heuristic's first: its own choice of K parts, then 1, 2, 4 and 8 parts
-// (XSERV_CUDA_WGMMA_SPLITS, read at every launch), and pairs of tiles sharing the activations by
-// multicast (XSERV_CUDA_WGMMA_MCAST=2); gate|up with its SwiGLU epilogue (cuBLASLt's
-// figure is the GEMM alone, without the swiglu kernel serving runs after it).
-// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1] [--wgmma 1].
+// Usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1].
 // Speed is printed, never asserted.
 #include <cuda_runtime_api.h>
 
@@ -129,24 +124,13 @@ double time_skinny(cudaStream_t stream, const GemmShape& s, const Operands& ops,
   return time_launches(stream, ops, launch);
 }
 
-// Microseconds per warpgroup MMA GEMM of `m` rows with the environment's K parts.
-double time_wgmma(cudaStream_t stream, const GemmShape& s, const Operands& ops, std::int64_t m, int sm_count) {
-  auto launch = [&](const void* w) {
-    if (s.name == "gate|up")  // as serving runs it: the SwiGLU in the epilogue
-      launch_wgmma_swiglu(stream, ops.out, ops.a, w, m, s.n, s.k, sm_count);
-    else
-      launch_wgmma_gemm(stream, s.out_dt, ops.out, s.n, ops.a, w, s.beta, m, s.n, s.k, sm_count);
-  };
-  return time_launches(stream, ops, launch);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> models = {"1.7b", "8b"};
   std::vector<std::int64_t> rows = {24, 32, 40, 48, 64, 72, 96, 128, 160, 192, 256};
   std::vector<std::string> configs = {"16", "16s", "32s"};
-  bool skinny = false, wgmma = false;
+  bool skinny = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::vector<std::string> v = split(argv[i + 1]);
     if (std::strcmp(argv[i], "--models") == 0) {
@@ -158,12 +142,10 @@ int main(int argc, char** argv) {
       configs = v;
     } else if (std::strcmp(argv[i], "--skinny") == 0) {
       skinny = v.size() == 1 && v[0] == "1";
-    } else if (std::strcmp(argv[i], "--wgmma") == 0) {
-      wgmma = v.size() == 1 && v[0] == "1";
     } else {
       std::fprintf(
           stderr,
-          "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1] [--wgmma 1]\n");
+          "usage: gemm_bench [--models 1.7b,8b] [--rows 24,32,...] [--configs 16,16s,32s] [--skinny 1]\n");
       return 2;
     }
   }
@@ -229,13 +211,7 @@ int main(int argc, char** argv) {
   };
   int sm_count = 0;
   check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), "attribute");
-  const char* wgmma_splits[] = {nullptr, "1", "2", "4", "8", "m"};  // m: multicast pairs, own parts
-  if (wgmma) {
-    std::printf("L2 %d MB; the warpgroup MMA kernel against cuBLASLt's heuristic first, us per GEMM (weight TB/s)\n\n",
-                l2 >> 20);
-    std::printf("| model | shape | MB | rows | cuBLASLt | wgmma (own parts) | 1 part | 2 | 4 | 8 | multicast pairs |\n");
-    std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  } else if (skinny)
+  if (skinny)
     std::printf("L2 %d MB; the skinny kernel's forms, us per GEMM (weight TB/s)\n\n| model | shape | MB | rows |", l2 >> 20);
   else
     std::printf(
@@ -248,7 +224,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < std::size(forms); ++i) std::printf(" ---: |");
     std::printf("\n");
   }
-  if (!skinny && !wgmma) {
+  if (!skinny) {
     std::printf("| model | shape | MB | rows | heuristic us | TB/s |");
     for (const auto& c : configs) std::printf(" %s us |", c.c_str());
     std::printf(" heuristic algorithm | %s algorithm |\n", configs.back().c_str());
@@ -276,30 +252,6 @@ int main(int argc, char** argv) {
       check(cudaMalloc(&ops.out, out_bytes), "malloc out");
       check(cudaMemset(ops.out, 0, out_bytes), "memset out");
 
-      if (wgmma) {
-        Gemm heuristic(stream, arena);
-        for (std::int64_t m : rows) {
-          if (!wgmma_gemm_supported(DType::bf16, s.out_dt, m, s.n, s.k, ops.a, ops.weights[0], ops.out, s.n)) continue;
-          const double h_us = time_gemm(stream, heuristic, s, ops, m);
-          std::printf("| %s | %s | %.1f | %lld | %.1f (%.2f) |", model.c_str(), s.name.c_str(), w_bytes / 1e6,
-                      static_cast<long long>(m), h_us, w_bytes / h_us / 1e6);
-          for (const char* parts : wgmma_splits) {
-            const bool mcast = parts && parts[0] == 'm';
-            if (parts && !mcast) setenv("XSERV_CUDA_WGMMA_SPLITS", parts, 1);
-            else unsetenv("XSERV_CUDA_WGMMA_SPLITS");
-            if (mcast) setenv("XSERV_CUDA_WGMMA_MCAST", "2", 1);
-            else unsetenv("XSERV_CUDA_WGMMA_MCAST");
-            const double us = time_wgmma(stream, s, ops, m, sm_count);
-            std::printf(" %.1f (%.2f) |", us, w_bytes / us / 1e6);
-          }
-          unsetenv("XSERV_CUDA_WGMMA_SPLITS");
-          unsetenv("XSERV_CUDA_WGMMA_MCAST");
-          std::printf("\n");
-          std::fflush(stdout);
-        }
-        free_operands(ops);
-        continue;
-      }
       if (skinny) {
         for (std::int64_t m : rows) {
           if (!skinny_gemm_supported(DType::bf16, m, s.n, s.k, ops.a, ops.weights[0], max_skinny_gemm_rows)) continue;

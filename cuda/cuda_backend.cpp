@@ -341,11 +341,6 @@ class CudaBackend final : public Backend {
   std::int64_t resid_part_k_ = 0;  // kN: the K of a part; 0: resid_splits_ parts
   static constexpr std::int64_t resid_max_rows = 256;
   Buffer resid_partials_;  // [splits][resid_max_rows][N] f32
-  // Rows up to which bf16 out_in GEMMs past the GEMV and skinny kernels take Hopper's warpgroup
-  // MMA kernel (gemm_wgmma.cu; at most max_wgmma_gemm_rows, where the device and the build have
-  // it), the residual GEMM of gemm_rms_norm_gemm included (its K parts summed in the kernel, the
-  // sum handed to launch_residual_rms_norm as one part). XSERV_CUDA_WGMMA_ROWS=N (0: cuBLASLt).
-  std::int64_t wgmma_rows_ = default_wgmma_rows;
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
   // XSERV_CUDA_ATTN_STORE_KV=0: GPT-2 decode writes k/v with qk_transform_store before the
@@ -397,8 +392,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     if (env[0] == 'k') resid_part_k_ = std::max(0, std::atoi(env + 1));
     else resid_splits_ = std::clamp(std::atoi(env), 0, 8);
   }
-  if (const char* env = std::getenv("XSERV_CUDA_WGMMA_ROWS"))
-    wgmma_rows_ = std::clamp<std::int64_t>(std::atoll(env), 0, max_wgmma_gemm_rows);
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_L2_NEXT_MB")) skinny_l2_next_mb_ = std::max(0, std::atoi(env));
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
@@ -800,12 +793,6 @@ void CudaBackend::gemm_chained(Tensor out, const Tensor& a, const Tensor& w, Wei
                        beta, m, n, k, sm_count_);
     return;
   }
-  if (!in_out && bias.empty() && m <= wgmma_rows_ &&
-      wgmma_gemm_supported(a.dtype, out.dtype, m, n, k, a.data, w.data, out.data, ldo)) {
-    // Up to 128 rows: Hopper's warpgroup MMA fed by TMA, K split over a cluster (gemm_wgmma.cu).
-    launch_wgmma_gemm(stream_, out.dtype, out.data, ldo, a.data, w.data, beta, m, n, k, sm_count_);
-    return;
-  }
   XSERV_CHECK(k > 0, ErrorCode::unsupported, "gemm: K = 0");
   gemm_->run(a.dtype, out.dtype, out.data, ldo, a.data, w.data, layout,
              bias.empty() ? nullptr : bias.data, beta, m, n, k);
@@ -908,13 +895,6 @@ void CudaBackend::rms_norm_gemm_chained(Tensor out, const Tensor& x, const Tenso
                             nullptr, skinny_next);
     return;
   }
-  if (shapes_ok && dtypes_ok && swiglu && m <= wgmma_rows_ && h_scratch.shape == x.shape && h_scratch.dtype == dt &&
-      wgmma_gemm_supported(dt, dt, m, rows, k, h_scratch.data, w.data, out.data, rows)) {
-    // Up to 128 rows: the warpgroup MMA kernel with the SwiGLU in its epilogue.
-    rms_norm(h_scratch, x, {}, norm_weight, eps);
-    launch_wgmma_swiglu(stream_, out.data, h_scratch.data, w.data, m, rows, k, sm_count_);
-    return;
-  }
   // Larger batches, and bad shapes or dtypes, which the separate ops reject naming the op.
   Backend::rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
 }
@@ -984,20 +964,10 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
   // Sized for the largest rows at once, so graph captures of smaller batches never grow it.
   ensure_scratch(resid_partials_, static_cast<std::size_t>(splits) * resid_max_rows * n * sizeof(float));
   auto* partials = static_cast<float*>(resid_partials_.data());
-  if (m <= wgmma_rows_ && wgmma_gemm_supported(dt, DType::f32, m, n, k, a.data, w_res.data, partials, n)) {
-    // The warpgroup MMA kernel sums its K parts itself: one f32 part.
-    launch_wgmma_gemm(stream_, DType::f32, partials, n, a.data, w_res.data, 0.0f, m, n, k, sm_count_);
-    splits = 1;
-  } else {
-    gemm_->run_split_k(dt, partials, a.data, w_res.data, m, n, k, splits);
-  }
+  gemm_->run_split_k(dt, partials, a.data, w_res.data, m, n, k, splits);
   launch_residual_rms_norm(stream_, dt, x.data, h_scratch.data, partials, splits, norm_weight.data, eps, m, n);
   if (!swiglu) {
     gemm(out, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);
-    return;
-  }
-  if (m <= wgmma_rows_ && wgmma_gemm_supported(dt, dt, m, rows, n, h_scratch.data, w.data, out.data, rows)) {
-    launch_wgmma_swiglu(stream_, out.data, h_scratch.data, w.data, m, rows, n, sm_count_);  // SwiGLU in its epilogue
     return;
   }
   gemm(y_scratch, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);

@@ -261,28 +261,6 @@ void launch_skinny_norm_gemm(cudaStream_t stream, void* out, const void* x, cons
                              const void* w, bool swiglu, std::int64_t m, std::int64_t n, std::int64_t k,
                              int sm_count, void* scratch, L2Prefetch next = {});
 
-// gemm_wgmma.cu: the same product for up to max_wgmma_gemm_rows rows on Hopper's warpgroup MMA
-// fed by TMA (batched decode past the skinny kernel's rows), out[m, :] = a[m, :] . W^T + beta *
-// out (rows ldo apart), a contiguous [m, K] and W [N, K] in bf16, out in bf16 or f32 (logits, or
-// a residual GEMM's f32 sum for launch_residual_rms_norm). K is split over the blocks of a
-// thread-block cluster, summed in rank order (the result does not depend on timing). Needs
-// N % 128 == 0, K % 64 == 0, ldo % 4 == 0, 16-byte aligned a, W and out, and a device of compute
-// capability 9.0 in a build that targets sm_90 (the kernel is compiled for sm_90a alone).
-constexpr std::int64_t max_wgmma_gemm_rows = 128;
-// The CUDA backend's limit (XSERV_CUDA_WGMMA_ROWS): 0, cuBLASLt, which measured faster at almost
-// every 64/128-row decode shape on an H100 (docs/benchmarks.md, "Tried: a Hopper warpgroup-MMA
-// GEMM for 17-128 decode rows").
-constexpr std::int64_t default_wgmma_rows = 0;
-bool wgmma_gemm_supported(DType dt, DType out_dt, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
-                          const void* w, const void* out, std::int64_t ldo) noexcept;
-void launch_wgmma_gemm(cudaStream_t stream, DType out_dt, void* out, std::int64_t ldo, const void* a, const void* w,
-                       float beta, std::int64_t m, std::int64_t n, std::int64_t k, int sm_count);
-// The same with the SwiGLU in its epilogue (a Qwen3 gate|up): W holds n rows (gate, then up) and
-// out [m, n / 2] (bf16, contiguous) = silu(y_gate) * y_up as launch_swiglu rounds it. Needs what
-// wgmma_gemm_supported(bf16, bf16, m, n, k, a, w, out, n) needs.
-void launch_wgmma_swiglu(cudaStream_t stream, void* out, const void* a, const void* w, std::int64_t m, std::int64_t n,
-                         std::int64_t k, int sm_count);
-
 // The same out_in GEMV with the ops around it in a pre-norm block fused in (one kernel instead of
 // two or three at decode): out[m, :] = RMSNorm(x[m, :]) * norm_weight . W, rounded as
 // launch_norm then launch_gemv would; with swiglu, W holds 2n rows (gate, then up) and
