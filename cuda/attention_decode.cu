@@ -1083,8 +1083,7 @@ __global__ void __launch_bounds__(Warps * 32)
 // most short_context_keys keys (16 chunks of 16), a block of short_warps warps (grid (rows, kv
 // heads)) holds the whole row in shared memory and:
 // - before the wait: looks up every key's slot (lanes 0-15 the keys of chunk w, lanes 16-31
-//   those of chunk w + 8: in the batch's key slots where it has them, loaded beside the row's
-//   context length; else in the block table, one round trip after it) and copies every key cached before this
+//   those of chunk w + 8: one block-table round trip) and copies every key cached before this
 //   step, both of a warp's chunks (the second copied after the wait lost 3.5% on the 0.6B:
 //   docs/benchmarks.md), zero-filling keys past the row; loads its lane's q/k norm weights and
 //   computes cos/sin of its RoPE angles (the position is batch metadata);
@@ -1130,11 +1129,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   const int row = blockIdx.x, kvh = blockIdx.y;
   const int group = p.n_q_heads / p.n_kv_heads;
   const bool one_row_each = p.num_tokens == p.num_seqs && p.max_query_len == 1;
-  // Lane l's key: key l % 16 of chunk w + 8 (l / 16). Its slot, where the batch carries key slots,
-  // is loaded beside the row's context length (one round trip before the copies, not two).
-  const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
-  const bool listed = p.key_slots != nullptr && one_row_each;
-  const std::int32_t listed_slot = listed ? load_now(p.key_slots + static_cast<std::int64_t>(row) * short_context_keys + key) : 0;
   const int seq = one_row_each ? row : find_sequence(p.query_start, p.num_seqs, row);
   const int q_len = p.query_start[seq + 1] - p.query_start[seq];
   const int n_keys = p.context_lens[seq] - q_len + (row - p.query_start[seq]) + 1;
@@ -1147,23 +1141,22 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
   bf16* const out = static_cast<bf16*>(p.out) + row * out_stride + static_cast<std::int64_t>(kvh) * group * D;
 
-  // Offsets of the lane's key in the caches: -1 past the row (zero-filled), -2 the own key
-  // (written by the transform, not copied); without key slots, looked up in the block table.
+  // Slots: lane l looks up key l % 16 of chunk w + 8 (l / 16); -1 past the row (zero-filled),
+  // -2 the own key (written by the transform, not copied).
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
   long long off = -1;
-  if (key == own) {
-    off = -2;
-  } else if (key < own) {
-    long long key_slot = listed_slot;
-    if (!listed) {
-      const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
-      const int bs = p.block_size;
+  {
+    const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
+    const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+    const int bs = p.block_size;
+    if (key == own) {
+      off = -2;
+    } else if (key < own) {
       const bool pow2 = (bs & (bs - 1)) == 0;
       const int blk = pow2 ? key >> (__ffs(bs) - 1) : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
-      key_slot = static_cast<long long>(table[blk]) * bs + in_blk;
+      off = ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
     }
-    off = (key_slot * p.n_kv_heads + kvh) * D;
   }
   auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
     bf16* stage = region + j * 2 * Lay::chunk_elems;

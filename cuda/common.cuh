@@ -112,14 +112,6 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
-// A 4-byte load issued where it stands: volatile, so the compiler neither sinks it into the
-// branch that uses it (after a load it does not depend on) nor drops it on the paths that don't.
-__device__ __forceinline__ std::int32_t load_now(const std::int32_t* p) {
-  std::int32_t v;
-  asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-
 // ---- Asynchronous copies global -> shared (cp.async, sm_80+) ---------------------------------
 // 16 bytes from gmem to smem without passing through registers; commit groups them, wait<N>
 // returns once at most N of the committed groups are still in flight. The zero-filling form

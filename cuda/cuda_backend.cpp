@@ -83,7 +83,7 @@ class PinnedBuffer {
 struct BatchLayout {
   std::int64_t cap_tokens = 0, cap_seqs = 0, cap_table = 0;
   std::int64_t tokens = 0, token_src = 0, positions = 0, slots = 0, query_start = 0,
-               context_lens = 0, logit_rows = 0, control = 0, block_tables = 0, key_slots = 0, total = 0;
+               context_lens = 0, logit_rows = 0, control = 0, block_tables = 0, total = 0;
   static BatchLayout make(std::int64_t t, std::int64_t s, std::int64_t table) {
     BatchLayout l;
     l.cap_tokens = t;
@@ -104,7 +104,6 @@ struct BatchLayout {
     l.context_lens = take(s);
     l.control = take(2);
     l.block_tables = take(table);
-    l.key_slots = take(s * short_context_keys);  // DeviceBatch::key_slots, copied apart
     l.total = off;
     return l;
   }
@@ -350,9 +349,6 @@ class CudaBackend final : public Backend {
   // XSERV_CUDA_ADJACENT_WEIGHTS=0 ignores reserve_adjacent_weights (for comparisons: a stacked
   // pair may then straddle two weight chunks and run as separate GEMVs).
   bool adjacent_weights_ = true;
-  // XSERV_CUDA_ATTN_KEY_SLOTS=0: short decode batches go up without their key slots
-  // (DeviceBatch::key_slots), so the one-pass attention looks its keys up in the block tables.
-  bool key_slots_ = true;
 };
 
 CudaBackend::CudaBackend(const BackendOptions& options)
@@ -403,7 +399,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
-  if (const char* env = std::getenv("XSERV_CUDA_ATTN_KEY_SLOTS")) key_slots_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_DEVICE_BATCH")) {
     const int bits = std::atoi(env);
     keep_decode_batches_ = (bits & 1) != 0;
@@ -586,8 +581,7 @@ namespace {
 bool advanced_by_one(const ForwardBatch& kept, const ForwardBatch& b, std::int32_t growing) {
   const std::int32_t s = b.num_seqs();
   if (b.num_tokens() != s || kept.num_tokens() != s || kept.num_seqs() != s || growing > s ||
-      b.max_blocks_per_seq != kept.max_blocks_per_seq || b.block_size != kept.block_size ||
-      b.token_ids != kept.token_ids ||
+      b.max_blocks_per_seq != kept.max_blocks_per_seq || b.token_ids != kept.token_ids ||
       b.query_start != kept.query_start || b.logit_rows != kept.logit_rows ||
       b.block_tables != kept.block_tables)
     return false;
@@ -640,9 +634,8 @@ void CudaBackend::prepare_decode(const DeviceBatch& batch, const Tensor& sampled
               "prepare_decode: not the last uploaded decode batch, or sampled ids of {}",
               dtype_name(sampled.dtype));
   launch_prepare_decode(stream_, dev + l.tokens, dev + l.token_src, dev + l.positions,
-                        dev + l.slots, dev + l.context_lens, dev + l.control,
-                        batch.key_slots.empty() ? nullptr : dev + l.key_slots, short_context_keys,
-                        batch.num_tokens, sampled.empty() ? nullptr : sampled.as<std::int32_t>());
+                        dev + l.slots, dev + l.context_lens, dev + l.control, batch.num_tokens,
+                        sampled.empty() ? nullptr : sampled.as<std::int32_t>());
   kept_prepared_ = true;
   if (capturing_) capture_prepares_ = true;
 }
@@ -692,25 +685,6 @@ DeviceBatch CudaBackend::copy_batch(const ForwardBatch& b, std::int32_t growing)
   // one DMA instead of seven (the gaps are a few KB).
   const std::size_t bytes = static_cast<std::size_t>(l.block_tables + s * stride) * 4;
   XSERV_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
-  // Key slots for a decode batch the one-pass short-context attention may run (contexts within
-  // its keys, at most a row an SM: one wave of rows x kv heads): each key's slot is then one load
-  // ahead of its copy instead of two (the row's context length, then its block table entry); its
-  // pre-wait prologue is exposed at batch 1 and at 16 rows (docs/benchmarks.md). Keys cached later
-  // are added by prepare_decode.
-  const bool expand = key_slots_ && b.block_size > 0 && s <= sm_count_ && one_token_per_seq(b) &&
-                      b.max_context_len() <= short_context_keys;
-  if (expand) {
-    const std::int32_t bs = b.block_size;
-    for (std::int64_t i = 0; i < s; ++i) {
-      const std::int32_t* blocks = b.block_tables.data() + i * b.max_blocks_per_seq;
-      std::int32_t* keys = host + l.key_slots + i * short_context_keys;
-      const std::int32_t cached = b.context_lens[static_cast<std::size_t>(i)] - 1;
-      for (std::int32_t k = 0; k < cached; ++k) keys[k] = blocks[k / bs] * bs + k % bs;
-    }
-    XSERV_CUDA_CHECK(cudaMemcpyAsync(dev + l.key_slots, host + l.key_slots,
-                                     static_cast<std::size_t>(s * short_context_keys) * 4,
-                                     cudaMemcpyHostToDevice, stream_));
-  }
   XSERV_CUDA_CHECK(cudaEventRecord(batch_copied_, stream_));
 
   DeviceBatch d;
@@ -722,7 +696,6 @@ DeviceBatch CudaBackend::copy_batch(const ForwardBatch& b, std::int32_t growing)
   d.query_start = Tensor(dev + l.query_start, DType::i32, {s + 1}, dv);
   d.context_lens = Tensor(dev + l.context_lens, DType::i32, {s}, dv);
   d.block_tables = Tensor(dev + l.block_tables, DType::i32, {s, stride}, dv);
-  if (expand) d.key_slots = Tensor(dev + l.key_slots, DType::i32, {s, short_context_keys}, dv);
   d.num_tokens = static_cast<std::int32_t>(t);
   d.num_seqs = static_cast<std::int32_t>(s);
   d.num_logit_rows = static_cast<std::int32_t>(r);
@@ -1068,7 +1041,6 @@ AttentionParams CudaBackend::attention_params(const Tensor& out, const Tensor& q
   p.query_start = batch.query_start.as<std::int32_t>();
   p.context_lens = batch.context_lens.as<std::int32_t>();
   p.block_tables = batch.block_tables.as<std::int32_t>();
-  p.key_slots = batch.key_slots.empty() ? nullptr : batch.key_slots.as<std::int32_t>();
   p.num_tokens = batch.num_tokens;
   p.num_seqs = batch.num_seqs;
   p.max_query_len = batch.max_query_len;

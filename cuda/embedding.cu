@@ -108,15 +108,11 @@ __global__ void resolve_tokens_kernel(std::int32_t* tokens, std::int64_t n,
 __global__ void prepare_decode_kernel(std::int32_t* tokens, const std::int32_t* token_src,
                                       std::int32_t* positions, std::int32_t* slots,
                                       std::int32_t* context_lens, std::int32_t* control,
-                                      std::int32_t* key_slots, std::int32_t key_slot_width,
                                       std::int64_t n, const std::int32_t* sampled) {
   const bool advance = control[0] != 0;
   const std::int64_t growing = control[1];
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     if (advance && i < growing) {
-      // Last step's own key is cached now: it joins the row's key slots.
-      const std::int32_t cached = context_lens[i] - 1;
-      if (key_slots != nullptr && cached < key_slot_width) key_slots[i * key_slot_width + cached] = slots[i];
       ++positions[i];
       ++slots[i];
       ++context_lens[i];
@@ -132,11 +128,10 @@ __global__ void prepare_decode_kernel(std::int32_t* tokens, const std::int32_t* 
 
 void launch_prepare_decode(cudaStream_t stream, std::int32_t* tokens, const std::int32_t* token_src,
                            std::int32_t* positions, std::int32_t* slots, std::int32_t* context_lens,
-                           std::int32_t* control, std::int32_t* key_slots, std::int32_t key_slot_width,
-                           std::int64_t n, const std::int32_t* sampled) {
+                           std::int32_t* control, std::int64_t n, const std::int32_t* sampled) {
   if (n == 0) return;
   prepare_decode_kernel<<<1, 256, 0, stream>>>(tokens, token_src, positions, slots, context_lens,
-                                               control, key_slots, key_slot_width, n, sampled);
+                                               control, n, sampled);
   XSERV_CUDA_LAUNCH_CHECK();
 }
 

@@ -42,12 +42,9 @@ void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64
 // control[0] is set (a step after the one whose copy armed it), positions, slots and context
 // lengths of rows below control[1] grow by one; then tokens[i] = token_src[i], a negative one
 // resolved from `sampled` as above (sampled may be null when none is negative); control[0] = 1.
-// key_slots (null: none), [n, key_slot_width]: an advancing row's last own key, now cached, gets
-// its slot there (DeviceBatch::key_slots), where it lies below key_slot_width.
 void launch_prepare_decode(cudaStream_t stream, std::int32_t* tokens, const std::int32_t* token_src,
                            std::int32_t* positions, std::int32_t* slots, std::int32_t* context_lens,
-                           std::int32_t* control, std::int32_t* key_slots, std::int32_t key_slot_width,
-                           std::int64_t n, const std::int32_t* sampled);
+                           std::int32_t* control, std::int64_t n, const std::int32_t* sampled);
 
 // norm.cu: LayerNorm (bias may be null) or RMSNorm (bias unused) with the optional fused
 // residual add (residual += x; normalise residual).
@@ -335,9 +332,6 @@ struct AttentionParams {
   const std::int32_t* query_start = nullptr;   // [S + 1]
   const std::int32_t* context_lens = nullptr;  // [S]
   const std::int32_t* block_tables = nullptr;  // [S, max_blocks_per_seq]
-  // Optional (DeviceBatch::key_slots), [S, short_context_keys]: the slots of the keys cached before
-  // this step; the one-pass short-context kernel reads them instead of the block tables.
-  const std::int32_t* key_slots = nullptr;
   std::int32_t num_tokens = 0, num_seqs = 0, max_query_len = 0, max_context_len = 0;
   std::int32_t max_blocks_per_seq = 0, block_size = 0;
   std::int32_t n_q_heads = 0, n_kv_heads = 0, head_dim = 0;

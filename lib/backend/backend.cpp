@@ -103,7 +103,7 @@ std::int32_t ForwardBatch::max_context_len() const noexcept {
   return m;
 }
 
-void ForwardBatch::validate(std::int32_t cache_block_size) const {
+void ForwardBatch::validate(std::int32_t block_size) const {
   const auto t = token_ids.size();
   const auto s = context_lens.size();
   XSERV_CHECK(positions.size() == t && slot_mapping.size() == t, ErrorCode::invalid_argument,
@@ -112,17 +112,15 @@ void ForwardBatch::validate(std::int32_t cache_block_size) const {
   XSERV_CHECK(query_start.size() == s + 1 && query_start.front() == 0 &&
                   query_start.back() == static_cast<std::int32_t>(t),
               ErrorCode::invalid_argument, "batch: query_start must run from 0 to {} over {} sequences", t, s);
-  XSERV_CHECK(cache_block_size > 0 && max_blocks_per_seq >= 0 &&
+  XSERV_CHECK(block_size > 0 && max_blocks_per_seq >= 0 &&
                   block_tables.size() == s * static_cast<std::size_t>(max_blocks_per_seq),
               ErrorCode::invalid_argument, "batch: block_tables has {} entries, expected {} x {}",
               block_tables.size(), s, max_blocks_per_seq);
-  XSERV_CHECK(block_size == 0 || block_size == cache_block_size, ErrorCode::invalid_argument,
-              "batch: made for cache blocks of {} tokens, run on blocks of {}", block_size, cache_block_size);
   for (std::size_t i = 0; i < s; ++i) {
     std::int32_t q = query_start[i + 1] - query_start[i];
     XSERV_CHECK(q >= 0 && context_lens[i] >= q, ErrorCode::invalid_argument,
                 "batch: sequence {} has {} new tokens but a context of {}", i, q, context_lens[i]);
-    XSERV_CHECK((context_lens[i] + cache_block_size - 1) / cache_block_size <= max_blocks_per_seq,
+    XSERV_CHECK((context_lens[i] + block_size - 1) / block_size <= max_blocks_per_seq,
                 ErrorCode::invalid_argument, "batch: sequence {} needs more than {} blocks", i,
                 max_blocks_per_seq);
   }

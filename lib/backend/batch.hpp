@@ -22,29 +22,20 @@ struct ForwardBatch {
   std::vector<std::int32_t> block_tables;  // [S * max_blocks_per_seq], unused entries = 0
   std::vector<std::int32_t> logit_rows;    // [R] rows whose logits are wanted, ascending
   std::int32_t max_blocks_per_seq = 0;
-  // The KV cache's block size, for a backend that expands block_tables into key slots
-  // (DeviceBatch::key_slots); 0 (unknown) leaves them to the kernels' block-table lookups.
-  std::int32_t block_size = 0;
 
   std::int32_t num_tokens() const noexcept { return static_cast<std::int32_t>(token_ids.size()); }
   std::int32_t num_seqs() const noexcept { return static_cast<std::int32_t>(context_lens.size()); }
   std::int32_t max_query_len() const noexcept;
   std::int32_t max_context_len() const noexcept;
   // Throws Error(invalid_argument) when sizes disagree, offsets are not monotone, a position or
-  // slot is negative, a context needs more blocks than max_blocks_per_seq, or block_size is set and not the cache's.
-  void validate(std::int32_t cache_block_size) const;
+  // slot is negative, or a context needs more blocks than max_blocks_per_seq.
+  void validate(std::int32_t block_size) const;
 };
 
 // The same batch resident on a backend (device memory for CUDA; the host vectors for CPU).
 // Host-side maxima travel along because kernels' launch shapes depend on them.
 struct DeviceBatch {
   Tensor token_ids, positions, slot_mapping, query_start, context_lens, block_tables, logit_rows;
-  // Optional, [S, width]: the cache slot of each key that was cached before this step (key k of
-  // sequence s at [s * width + k], k < context_lens[s] - 1; the entries past it are unspecified),
-  // so that a decode kernel finds its keys in one load instead of a context length, then a block
-  // table entry. Empty where the backend did not expand the tables (the CUDA backend does for
-  // short decode batches: CudaBackend::copy_batch).
-  Tensor key_slots;
   std::int32_t num_tokens = 0;
   std::int32_t num_seqs = 0;
   std::int32_t num_logit_rows = 0;

@@ -55,7 +55,6 @@ void ModelRunner::build_batch(const SchedulerOutput& out) {
     b.max_blocks_per_seq =
         std::max(b.max_blocks_per_seq, static_cast<std::int32_t>(c.seq->blocks.size()));
   const std::int32_t bs = cache_.block_size();
-  b.block_size = bs;
   batch_placeholders_ = false;
   for (const auto& c : out.chunks) {
     const Sequence& s = *c.seq;

@@ -136,7 +136,6 @@ void Model::warm_up() {
     b.query_start = {0, m};
     b.context_lens = {m};
     b.max_blocks_per_seq = (m + block - 1) / block;
-    b.block_size = block;
     for (std::int32_t i = 0; i < b.max_blocks_per_seq; ++i) b.block_tables.push_back(i);
     if (m <= max_logit_rows_) {
       for (std::int32_t i = 0; i < m; ++i) b.logit_rows.push_back(i);

@@ -1063,7 +1063,6 @@ Paged make_batch(std::mt19937& rng, std::int32_t block_size,
   std::shuffle(order.begin(), order.end(), rng);
   auto& b = p.batch;
   b.max_blocks_per_seq = max_blocks;
-  b.block_size = block_size;  // short decode batches go up with their key slots
   b.query_start.push_back(0);
   std::size_t next = 0;
   for (auto [q, c] : seqs) {
@@ -1633,14 +1632,11 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
   };
   // A weight of 1537 x 1001 bf16 (3077074 bytes) for the prefetch hint.
   const Tensor next_w = be.gpu_tensor(std::vector<float>(1537 * 1001, 0.5f), DType::bf16, {1537, 1001});
-  // listed = false: the batch goes up without its key slots (DeviceBatch::key_slots), so the
-  // kernel looks its keys up in the block tables.
   const auto run = [&](std::uint32_t seed, const HeadGeometry& g, const Seqs& seqs, std::int32_t bs, const char* mode,
-                       bool hint = false, bool listed = true) {
+                       bool hint = false) {
     const ScopedEnv env_short("XSERV_CUDA_ATTN_SHORT", mode);
     std::mt19937 r(seed);
-    AttnInputs in = make_attn_inputs(r, DType::bf16, g, bs, seqs);
-    if (!listed) in.paged.batch.block_size = 0;
+    const AttnInputs in = make_attn_inputs(r, DType::bf16, g, bs, seqs);
     const Paged& p = in.paged;
     const std::int64_t d = g.head_dim, width = g.qkv_width(), t = p.batch.num_tokens();
     const Shape& cshape = in.cache_shape;
@@ -1648,7 +1644,6 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
     const QkTransform tr = gpu_qwen3_transform(be, in, d);
     KvLayer cache{be.gpu_tensor(kc, DType::bf16, cshape), be.gpu_tensor(vc, DType::bf16, cshape)};
     const DeviceBatch gb = be.gpu->upload_batch(p.batch);
-    REQUIRE(gb.key_slots.empty() == !listed);  // these batches are short decode batches
     Tensor gout = be.gpu_poisoned(DType::bf16, {t, g.n_q_heads * d});
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     if (hint) be.gpu->prefetch_next(next_w);
@@ -1673,13 +1668,6 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
         const Result mma = run(seed, g, *seqs, bs, "0");
         REQUIRE(one.k == mma.k);
         REQUIRE(one.v == mma.v);
-        {
-          INFO("keys looked up in the block tables, not the batch's key slots");
-          const Result looked_up = run(seed, g, *seqs, bs, nullptr, false, false);
-          REQUIRE(looked_up.out == one.out);
-          REQUIRE(looked_up.k == one.k);
-          REQUIRE(looked_up.v == one.v);
-        }
         for (const char* mb : {"auto", "2"}) {
           const ScopedEnv env_mb("XSERV_CUDA_ATTN_L2_NEXT_MB", mb);
           INFO("the next weight asked into L2, XSERV_CUDA_ATTN_L2_NEXT_MB=" << mb);
@@ -1915,7 +1903,6 @@ TEST_CASE("cuda upload_decode_batch keeps a decode batch on the device", "[cuda]
   auto batch_at = [&](std::int32_t step, std::int32_t rows) {
     ForwardBatch b;
     b.max_blocks_per_seq = table;
-    b.block_size = bs;
     b.query_start.push_back(0);
     for (std::int32_t i = 0; i < rows; ++i) {
       const bool grows = i < growing;
@@ -1955,17 +1942,6 @@ TEST_CASE("cuda upload_decode_batch keeps a decode batch on the device", "[cuda]
     CHECK(pos == b.positions);
     CHECK(slots == b.slot_mapping);
     CHECK(ctx == b.context_lens);
-    // The key slots of every key cached before the step: copied or added by prepare_decode.
-    REQUIRE(db.key_slots.numel() == static_cast<std::int64_t>(n) * cuda::short_context_keys);
-    std::vector<std::int32_t> keys(static_cast<std::size_t>(db.key_slots.numel()));
-    be.gpu->download(keys.data(), db.key_slots);
-    for (std::size_t i = 0; i < n; ++i) {
-      for (std::int32_t k = 0; k + 1 < b.context_lens[i]; ++k) {
-        const std::int32_t block = b.block_tables[i * table + static_cast<std::size_t>(k / bs)];
-        INFO("row " << i << " key " << k);
-        CHECK(keys[i * static_cast<std::size_t>(cuda::short_context_keys) + static_cast<std::size_t>(k)] == block * bs + k % bs);
-      }
-    }
   };
   std::int32_t salt = 1;
   for (std::int32_t step = 0; step < 12; ++step) {  // rows 0-2 cross into new blocks on the way
