@@ -173,7 +173,7 @@ struct GemvTuning {
   // streamed weights): Qwen3-0.6B b1 1508 -> 1516 tok/s (docs/benchmarks.md, "Batch-1 decode of
   // the small Qwen3 models").
   bool resid_prefetch = true;
-  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; default 4): the one-row GEMVs let the next
+  // early_trigger (XSERV_CUDA_GEMV_EARLY_TRIGGER, bits; default 6): the one-row GEMVs let the next
   // kernel launch (griddepcontrol.launch_dependents) before their own dependency wait instead of
   // after it; 1: the bulk kernel (o_proj, down_proj), 2: the norm GEMVs (register and persistent
   // kernels: q|k|v, gate|up). The o_proj waits on the decode attention with its weight already in
@@ -188,7 +188,12 @@ struct GemvTuning {
   // 201 MB under the 32 MB rule) it fetches while the o_proj waits: Qwen3-0.6B b1 1318 -> 1343 and
   // 1319 -> 1349 tok/s in two interleaved passes (H100, 2026-12-05, docs/benchmarks.md, "The
   // o_proj -> gate|up boundary alone"); with swiglu_pdl_mb = 64 the 1.7B lost 1.5%.
-  int early_trigger = 4;
+  // 6 (bits 2 and 4, the default since 2026-12-07): the norm GEMVs too, so the decode attention
+  // launches under the q|k|v GEMV's wait and starts its prologue earlier: batch-1 decode on an
+  // H100, two interleaved passes against 4, Qwen3-0.6B 1352 / 1352 -> 1397 / 1397 tok/s (+3.3%),
+  // GPT-2 2882 / 2888 -> 2956 / 2966 (+2.6%), Qwen3-1.7B 724 -> 722, 8B 179.9 -> 179.8; 2 alone
+  // (without bit 4) gave the 0.6B nothing (docs/benchmarks.md, "The norm GEMVs' early trigger").
+  int early_trigger = 6;
   // swiglu_pdl_mb (XSERV_CUDA_GEMV_SWIGLU_PDL_MB, opt-in): the RMSNorm + gate|up + SwiGLU GEMV
   // that follows a residual GEMV in one op (Backend::gemm_rms_norm_gemm at one row) takes PDL up
   // to this many MB of weight instead of pdl_gemv_max_bytes(): Qwen3-1.7B's 50 MB gate|up, the one

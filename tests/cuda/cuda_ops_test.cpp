@@ -902,7 +902,8 @@ TEST_CASE("cuda one-row GEMV chains: the early trigger gives the defaults' bits"
 }
 
 // The o_proj -> SwiGLU GEMV boundary told of its next kernel (issue 12, 2026-12-05): through
-// gemm_rms_norm_gemm, the o_proj triggering early only there (early_trigger 4, the default) and
+// gemm_rms_norm_gemm, the o_proj triggering early only there (early_trigger 4; 6, the default,
+// also the norm GEMVs) and
 // the gate|up under PDL past the 32 MB rule (swiglu_pdl_mb; inner 6144 at d 2048 is Qwen3-1.7B's
 // 50 MB gate|up, 3072 a 25 MB one that takes PDL anyway), and the o_proj asking the gate|up's first
 // MB into L2 after its wait (l2_next_mb: -1 the default rule, which takes 6144; 1024 is more
@@ -915,8 +916,8 @@ TEST_CASE("cuda one-row GEMV chains: the SwiGLU GEMV's head start gives the defa
   struct Form {
     int early_trigger, swiglu_pdl_mb, l2_next_mb;
   };
-  const Form forms[] = {{0, 0, 0},  {4, 0, 0},  {0, 64, 0},   {4, 64, 0}, {5, 64, 0},
-                        {4, 0, -1}, {4, 0, 16}, {0, 0, 1024}, {4, 64, 8}, {4, 64, -1}};
+  const Form forms[] = {{0, 0, 0},  {4, 0, 0},  {0, 64, 0},   {4, 64, 0}, {5, 64, 0},  {6, 0, 0},
+                        {4, 0, -1}, {4, 0, 16}, {0, 0, 1024}, {4, 64, 8}, {4, 64, -1}, {6, 0, -1}};
   for (const std::int64_t inner : {std::int64_t{3072}, std::int64_t{6144}}) {
     OneRowGemvChain c(be, rng, inner);
     const std::vector<float> base = c.run(false, 0, 0);
