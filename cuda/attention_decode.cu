@@ -72,7 +72,6 @@ __global__ void __launch_bounds__(threads) attention_rows_kernel(const Attention
   __shared__ float s_acc[num_warps][G][D];
   __shared__ float s_ml[num_warps][G][2];
 
-  if (p.trigger_early) allow_dependents();
   const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int li = lane % L, kg = lane / L;
@@ -1126,7 +1125,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   constexpr int ksteps = D / 16, dtiles = D / 8, per_lane = D / 32, pairs = D / 64;
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
-  if (p.trigger_early) allow_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int row = blockIdx.x, kvh = blockIdx.y;
   const int group = p.n_q_heads / p.n_kv_heads;
@@ -1738,12 +1736,6 @@ void launch_rows_typed(cudaStream_t stream, const AttentionParams& p) {
   else launch_rows_dim<T, 128>(stream, p);
 }
 
-// XSERV_CUDA_ATTN_EARLY_TRIGGER=1 (read at every call): AttentionParams::trigger_early.
-bool attention_trigger_early() noexcept {
-  const char* env = std::getenv("XSERV_CUDA_ATTN_EARLY_TRIGGER");
-  return env != nullptr && std::string_view(env) == "1";
-}
-
 }  // namespace
 
 bool attention_rows_supported(std::int32_t head_dim, std::int32_t group) noexcept {
@@ -1798,10 +1790,8 @@ AttentionSplit attention_rows_split(DType dt, std::int32_t head_dim, std::int32_
 
 bool attention_rows_store_kv(DType dt, std::int32_t head_dim) noexcept { return !use_tiles(dt, head_dim); }
 
-void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& params) {
-  if (params.num_tokens == 0) return;
-  AttentionParams p = params;
-  p.trigger_early = attention_trigger_early();
+void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p) {
+  if (p.num_tokens == 0) return;
   if (use_tiles(dt, p.head_dim)) {
     // The mma kernel merges its splits itself and needs the tickets for that; without them
     // (a caller that did not provide any) the tile kernel and its merge take the same splits.
@@ -1846,7 +1836,6 @@ void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& param
   const bool at_once = env == nullptr || std::string_view(env) != "0";
   QkAttentionParams p = params;
   p.fold_at_once = at_once;
-  p.attn.trigger_early = attention_trigger_early();
   if (p.attn.head_dim == 64)
     launch_mma_dim<64, true>(stream, p);
   else

@@ -357,11 +357,6 @@ struct AttentionParams {
   // The register kernel loads its first keys before grid_dependency_wait when they were cached
   // before this step (XSERV_CUDA_ATTN_EARLY_KV=0: after it, as before 2026-12-02).
   bool early_kv = true;
-  // The register kernel and the one-pass short-context kernel let the next kernel (the o_proj)
-  // launch first thing instead of after their dependency wait, so its blocks can fill their
-  // weight rings while the attention's prologue runs (XSERV_CUDA_ATTN_EARLY_TRIGGER=1, read at
-  // every call; opt-in while measured). The o_proj still waits for the attention to complete.
-  bool trigger_early = false;
 };
 // One query row per block (decode), keys split over num_splits blocks.
 void launch_attention_rows(cudaStream_t stream, DType dt, const AttentionParams& p);

@@ -1669,14 +1669,6 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
         const Result mma = run(seed, g, *seqs, bs, "0");
         REQUIRE(one.k == mma.k);
         REQUIRE(one.v == mma.v);
-        {
-          const ScopedEnv env_trigger("XSERV_CUDA_ATTN_EARLY_TRIGGER", "1");
-          INFO("the next kernel let launch first thing (XSERV_CUDA_ATTN_EARLY_TRIGGER=1)");
-          const Result early = run(seed, g, *seqs, bs, nullptr);
-          REQUIRE(early.out == one.out);
-          REQUIRE(early.k == one.k);
-          REQUIRE(early.v == one.v);
-        }
         for (const char* mb : {"auto", "2"}) {
           const ScopedEnv env_mb("XSERV_CUDA_ATTN_L2_NEXT_MB", mb);
           INFO("the next weight asked into L2, XSERV_CUDA_ATTN_L2_NEXT_MB=" << mb);
