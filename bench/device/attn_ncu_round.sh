@@ -7,7 +7,7 @@
 # Forms: the 4-warp block kernel with split keys (Qwen3-8B batch 1 after 16384 tokens; 52% of the
 # DRAM bandwidth in CUPTI traces of 2026-12-06, H100 and H200 alike) and the one-kv-head-a-warp
 # form (Qwen3-1.7B decode at 128 rows), and the one-pass short-context kernel at 16 rows
-# (Qwen3-8B, rows16; ATTN_NCU_FORMS chooses). ncu replays each kernel with the caches as found
+# (Qwen3-8B, rows16) and at batch 1 (Qwen3-0.6B, b1_06; ATTN_NCU_FORMS chooses). ncu replays each kernel with the caches as found
 # (--cache-control none) and the clocks as found (--clock-control none), so its durations are
 # the kernel alone, without the PDL overlap that a trace's include.
 ROUND_TARGETS="cpu_ops_bench" ROUND_BUDGET=220
@@ -38,13 +38,16 @@ for form in ${ATTN_NCU_FORMS:-long8b rows128}; do
     # The one-pass short-context kernel at 16 serving rows of Qwen3-8B: ~9-13 us after the q|k|v
     # GEMM in the traces, for ~12 MB of K/V a layer (~3 us at the H200's rate).
     rows16) prof rows16 "attention_decode_short" --config bench/configs/qwen3-8b.json --batch 16 --prompt-len 128 --gen-len 8 ;;
+    # The same kernel at batch 1 of Qwen3-0.6B, the largest item of its layer (7.8 us of a 20.9 us
+    # critical path in an H100 trace of 2026-12-07, for 0.5 MB of K/V).
+    b1_06) prof b1_06 "attention_decode_short" --config bench/configs/qwen3-0.6b.json --batch 1 --prompt-len 128 --gen-len 8 ;;
   esac
 done
 echo "== $(ts) done"
 # The CPU backend's prefill LayerNorm took ~47 us a call at 2, 8 and 16 threads alike in
 # generate_bench --profile on this machine's Xeon (2026-12-06), where 128 x 768 rows should scale:
 # the op alone, by threads.
-for t in 1 2 8 16; do
+[ -n "${ATTN_NCU_NO_CPU:-}" ] || for t in 1 2 8 16; do
   XSERV_BENCH_THREADS=$t taskset -c 0-$((t - 1)) timeout 20 /tmp/b/bench/cpu_ops_bench --benchmark_filter='BM_layer_norm|BM_attention_prefill' \
     --benchmark_min_time=0.1 2>&1 | grep -E "^BM_" | sed "s/^/$t threads: /"
 done
