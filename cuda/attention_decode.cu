@@ -1112,7 +1112,23 @@ struct ShortLayout {
   static_assert((8 * D + 16) * 4 <= warp_elems * 2, "the combine fits a warp's buffers");
 };
 
-template <int D>
+// Lean (XSERV_CUDA_ATTN_LEAN_COPIES=1, opt-in while measured): the copies' addresses from 32-bit
+// slots and per-lane constants. ncu of the batch-1 Qwen3-0.6B launch (H100, 2026-12-07,
+// docs/benchmarks.md) counted ~745 instructions a warp before its copies were all issued, ~34
+// between two cp.async: each copy shuffled a 64-bit element offset, compared and selected it in
+// 64 bits and converted its shared address. A lane's kind of row (K or V), its 16-byte piece and
+// the key's place in each copy are constants, so a copy is a 32-bit shuffle of the key's slot,
+// one multiply-add into the lane's base pointer and the cp.async at a precomputed shared
+// address. The same copies: the same bits.
+// a * b in 64 bits from 32-bit operands: one IMAD.WIDE (a 64-bit multiply of the two widened
+// values, which the compiler emits when it hoists the widening out of a loop, takes several).
+__device__ __forceinline__ long long mul_wide(int a, int b) {
+  long long r;
+  asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+template <int D, bool Lean = false>
 __global__ void __launch_bounds__(short_warps * 32, 1)
     attention_decode_short_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
@@ -1145,19 +1161,20 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   // -2 the own key (written by the transform, not copied).
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
-  long long off = -1;
+  int key_slot = -1;  // the lane's key's cache slot (an int32 like slot_mapping), -1 past the row, -2 the own key
   {
     const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
     const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
     const int bs = p.block_size;
     if (key == own) {
-      off = -2;
+      key_slot = -2;
     } else if (key < own) {
       const bool pow2 = (bs & (bs - 1)) == 0;
       const int blk = pow2 ? key >> (__ffs(bs) - 1) : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
-      off = ((static_cast<long long>(table[blk]) * bs + in_blk) * p.n_kv_heads + kvh) * D;
+      key_slot = table[blk] * bs + in_blk;
     }
   }
+  const long long off = key_slot >= 0 ? (static_cast<long long>(key_slot) * p.n_kv_heads + kvh) * D : key_slot;
   auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
     bf16* stage = region + j * 2 * Lay::chunk_elems;
     const int c = lane % pieces;
@@ -1169,8 +1186,29 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
       if (o != -2) copy_async16_zfill(stage + is_v * Lay::chunk_elems + swz<D>(key, c), src, o >= 0);
     }
   };
-  if (mine > 0) copy_chunk(0);
-  if (mine > 1) copy_chunk(1);
+  // The lean form's per-lane constants: copy n moves piece `piece` of row n * rows_per_copy +
+  // lane / pieces of the chunk's [key][K, V] rows, i.e. of key n * rows_per_copy / 2 + key_in_copy.
+  const int piece = lane % pieces, lane_is_v = (lane / pieces) & 1, key_in_copy = lane / pieces >> 1;
+  const unsigned char* lane_src = reinterpret_cast<const unsigned char*>(lane_is_v ? vc : kc) +
+                                  (static_cast<long long>(kvh) * D + piece * 8) * 2;
+  const int slot_bytes = p.n_kv_heads * D * 2;  // one slot's K (or V) of every kv head
+  auto copy_chunk_lean = [&](int j) {  // warp-uniform, as copy_chunk
+    const unsigned stage = smem_addr(region + (2 * j + lane_is_v) * Lay::chunk_elems);
+#pragma unroll
+    for (int n = 0; n < copies; ++n) {
+      const int key = n * (rows_per_copy / 2) + key_in_copy;
+      const int s = __shfl_sync(0xffffffffu, key_slot, j * chunk_keys + key);
+      const unsigned char* src = lane_src + mul_wide(max(s, 0), slot_bytes);
+      if (s != -2) copy_async16_zfill_at(stage + swz<D>(key, piece) * 2, src, s >= 0);
+    }
+  };
+  if constexpr (Lean) {
+    if (mine > 0) copy_chunk_lean(0);
+    if (mine > 1) copy_chunk_lean(1);
+  } else {
+    if (mine > 0) copy_chunk(0);
+    if (mine > 1) copy_chunk(1);
+  }
   copy_async_commit();
 
   // The transform's inputs that no kernel of this step writes.
@@ -1689,14 +1727,23 @@ bool short_enabled() noexcept {
   return env == nullptr || std::atoi(env) != 0;
 }
 
-template <int D>
-void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
+template <int D, bool Lean>
+auto short_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_short_kernel<D>;
+    auto* k = attention_decode_short_kernel<D, Lean>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           ShortLayout<D>::smem_bytes(8)));
     return k;
   }();
+  return kernel;
+}
+
+// XSERV_CUDA_ATTN_LEAN_COPIES=1 (read at every call): the one-pass kernel's lean copies.
+template <int D>
+void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
+  const char* env = std::getenv("XSERV_CUDA_ATTN_LEAN_COPIES");
+  const bool lean = env != nullptr && std::string_view(env) == "1";
+  const auto kernel = lean ? short_kernel_configured<D, true>() : short_kernel_configured<D, false>();
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
   launch_pdl(kernel, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),

@@ -1,0 +1,46 @@
+#!/bin/bash
+# Issues 12 and 10: the one-pass short-context decode attention's lean copies
+# (XSERV_CUDA_ATTN_LEAN_COPIES=1, 2026-12-07, not yet run on a GPU when written) against the
+# default copies, in one build, interleaved, one process a figure, two passes. ncu of 2026-12-07
+# (docs/benchmarks.md, "The new default on a third lease, traced; the batch-1 one-pass attention
+# under ncu") counted ~745 instructions a warp before the copies were all issued, ~34 a copy; the
+# lean form compiles to ~17 a copy (static SASS of the head_dim-128 kernel 5232 -> 4680). Where it
+# should show: Qwen3-0.6B batch 1 (the attention is 7.8 of a layer's 20.9 us of critical path on
+# an H100) and Qwen3-8B 16 at once (the attention's blocks start only as the q|k|v GEMM's leave,
+# so its whole prologue is exposed). Tests first (the one-pass kernel's exact cases hold the lean
+# form bit for bit; the model cases under it), then the figures, then ncu of both forms at batch 1.
+# As a request's run.sh (scripts/device_round.sh) or alone (~6 min with the build):
+#   OUT=... bash bench/device/lean_round.sh
+t0=$(date +%s)
+left() { echo $(( t0 + ${BUDGET:-420} - $(date +%s) )); }
+run_tests() {
+  tests attn 90 "cuda decode attention: the one-pass*,cuda qk_attention*"
+  tests models_lean 60 "cuda: *,cuda engine*" XSERV_CUDA_ATTN_LEAN_COPIES=1
+}
+source bench/device/serve_round.sh
+b1() {  # variant word, model: batch-1 decode, 128 + 128 tokens
+  local n s f; n=$(name "$1"); s=$(settings "$1")
+  [ "$(left)" -ge 20 ] || { echo "$(ts) skip b1 $2 $n"; return; }
+  f="$OUT/b1_${2}_$n.$(date -u +%H%M%S).txt"
+  env $s timeout 40 "$G" --dummy-weights --config "bench/configs/$2.json" --device cuda --batch 1 \
+    --prompt-len 128 --gen-len 128 --repeat 2 >"$f" 2>&1
+  echo "$(ts) b1 $2 $n [$s]: $(grep -E '^\| 1 ' "$f" | tr -s ' ')"
+}
+v=(base lean:XSERV_CUDA_ATTN_LEAN_COPIES=1)
+for pass in 1 2; do
+  echo "== $(ts) pass $pass"
+  for m in qwen3-0.6b qwen3-1.7b qwen3-8b; do for w in "${v[@]}"; do b1 "$w" $m; done; done
+  for w in "${v[@]}"; do [ "$(left)" -ge 40 ] && sb "$w" qwen3-8b 16; done
+  for w in "${v[@]}"; do [ "$(left)" -ge 20 ] && sb "$w" qwen3-1.7b 16; done
+done
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+for w in "${v[@]}"; do
+  [ "$(left)" -ge 40 ] || break
+  n=$(name "$w"); s=$(settings "$w")
+  env $s XSERV_CUDA_PROFILE_REPLAY=3 timeout 90 "$NCU" --clock-control none --cache-control none --profile-from-start off \
+    -k "regex:attention_decode_short" -c 1 --section SpeedOfLight --section WarpStateStats --section InstructionStats \
+    "$G" --dummy-weights --device cuda --repeat 1 --config bench/configs/qwen3-0.6b.json --batch 1 --prompt-len 128 \
+    --gen-len 8 >"$OUT/ncu_$n.txt" 2>&1
+  echo "$(ts) ncu $n: $(grep -E '^\s+(Duration|Executed Instructions |Warp Cycles Per Issued)' "$OUT/ncu_$n.txt" | tr -s ' ' | tr '\n' ';')"
+done
+echo "== $(ts) all done"
