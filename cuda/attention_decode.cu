@@ -1112,14 +1112,6 @@ struct ShortLayout {
   static_assert((8 * D + 16) * 4 <= warp_elems * 2, "the combine fits a warp's buffers");
 };
 
-// Lean (XSERV_CUDA_ATTN_LEAN_COPIES=1, opt-in while measured): the copies' addresses from 32-bit
-// slots and per-lane constants. ncu of the batch-1 Qwen3-0.6B launch (H100, 2026-12-07,
-// docs/benchmarks.md) counted ~745 instructions a warp before its copies were all issued, ~34
-// between two cp.async: each copy shuffled a 64-bit element offset, compared and selected it in
-// 64 bits and converted its shared address. A lane's kind of row (K or V), its 16-byte piece and
-// the key's place in each copy are constants, so a copy is a 32-bit shuffle of the key's slot,
-// one multiply-add into the lane's base pointer and the cp.async at a precomputed shared
-// address. The same copies: the same bits.
 // a * b in 64 bits from 32-bit operands: one IMAD.WIDE (a 64-bit multiply of the two widened
 // values, which the compiler emits when it hoists the widening out of a loop, takes several).
 __device__ __forceinline__ long long mul_wide(int a, int b) {
@@ -1128,6 +1120,14 @@ __device__ __forceinline__ long long mul_wide(int a, int b) {
   return r;
 }
 
+// Lean (XSERV_CUDA_ATTN_LEAN_COPIES=1, opt-in while measured): the copies' addresses from 32-bit
+// slots and per-lane constants. ncu of the batch-1 Qwen3-0.6B launch (H100, 2026-12-07,
+// docs/benchmarks.md) counted ~745 instructions a warp before its copies were all issued, ~34
+// between two cp.async: each copy shuffled a 64-bit element offset, compared and selected it in
+// 64 bits and converted its shared address. A lane's kind of row (K or V), its 16-byte piece and
+// the key's place in each copy are constants, so a copy is a 32-bit shuffle of the key's slot,
+// one multiply-add into the lane's base pointer and the cp.async at a precomputed shared
+// address. The same copies: the same bits.
 template <int D, bool Lean = false>
 __global__ void __launch_bounds__(short_warps * 32, 1)
     attention_decode_short_kernel(const QkAttentionParams params) {
@@ -1161,20 +1161,22 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   // -2 the own key (written by the transform, not copied).
   const bf16* kc = static_cast<const bf16*>(p.k_cache);
   const bf16* vc = static_cast<const bf16*>(p.v_cache);
-  int key_slot = -1;  // the lane's key's cache slot (an int32 like slot_mapping), -1 past the row, -2 the own key
+  long long off = -1;
+  int key_slot = -1;  // the lean form's: the key's cache slot (an int32 as slot_mapping), -1 past the row, -2 own
   {
     const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
     const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
     const int bs = p.block_size;
     if (key == own) {
-      key_slot = -2;
+      off = key_slot = -2;
     } else if (key < own) {
       const bool pow2 = (bs & (bs - 1)) == 0;
       const int blk = pow2 ? key >> (__ffs(bs) - 1) : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
-      key_slot = table[blk] * bs + in_blk;
+      const long long slot_here = static_cast<long long>(table[blk]) * bs + in_blk;
+      off = (slot_here * p.n_kv_heads + kvh) * D;
+      key_slot = static_cast<int>(slot_here);
     }
   }
-  const long long off = key_slot >= 0 ? (static_cast<long long>(key_slot) * p.n_kv_heads + kvh) * D : key_slot;
   auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
     bf16* stage = region + j * 2 * Lay::chunk_elems;
     const int c = lane % pieces;

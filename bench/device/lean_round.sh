@@ -4,7 +4,7 @@
 # default copies, in one build, interleaved, one process a figure, two passes. ncu of 2026-12-07
 # (docs/benchmarks.md, "The new default on a third lease, traced; the batch-1 one-pass attention
 # under ncu") counted ~745 instructions a warp before the copies were all issued, ~34 a copy; the
-# lean form compiles to ~17 a copy (static SASS of the head_dim-128 kernel 5232 -> 4680). Where it
+# lean form compiles to ~17 a copy (static SASS of the head_dim-128 kernel 5240 -> 4680). Where it
 # should show: Qwen3-0.6B batch 1 (the attention is 7.8 of a layer's 20.9 us of critical path on
 # an H100) and Qwen3-8B 16 at once (the attention's blocks start only as the q|k|v GEMM's leave,
 # so its whole prologue is exposed). Tests first (the one-pass kernel's exact cases hold the lean
