@@ -121,15 +121,13 @@ __device__ __forceinline__ void copy_async16(void* smem, const void* gmem) {
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void copy_async16_zfill(void* smem, const void* gmem, bool valid) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(valid ? 16 : 0) : "memory");
-}
-// The same at a shared-memory address (a warp's copies from one precomputed base: no conversion a copy).
+// At a shared-memory address (a warp's copies from one precomputed base: no conversion a copy).
 __device__ __forceinline__ void copy_async16_zfill_at(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async16_zfill(void* smem, const void* gmem, bool valid) {
+  copy_async16_zfill_at(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 __device__ __forceinline__ void copy_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
