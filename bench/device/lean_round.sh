@@ -7,7 +7,7 @@
 # lean form compiles to ~17 a copy (static SASS of the head_dim-128 kernel 5240 -> 4680). Where it
 # should show: Qwen3-0.6B batch 1 (the attention is 7.8 of a layer's 20.9 us of critical path on
 # an H100) and Qwen3-8B 16 at once (the attention's blocks start only as the q|k|v GEMM's leave,
-# so its whole prologue is exposed). Tests first (the one-pass kernel's exact cases hold the lean
+# so its whole prologue is exposed). CUPTI traces of the batch-1 layer of both forms (0.6B, 1.7B). Tests first (the one-pass kernel's exact cases hold the lean
 # form bit for bit; the model cases under it), then the figures, then ncu of both forms at batch 1.
 # As a request's run.sh (scripts/device_round.sh) or alone (~6 min with the build):
 #   OUT=... bash bench/device/lean_round.sh
@@ -17,7 +17,18 @@ run_tests() {
   tests attn 90 "cuda decode attention: the one-pass*,cuda qk_attention*"
   tests models_lean 60 "cuda: *,cuda engine*" XSERV_CUDA_ATTN_LEAN_COPIES=1
 }
+ROUND_EXTRA_TARGETS=xserv_cupti_trace
 source bench/device/serve_round.sh
+LIB=/tmp/b/bench/libxserv_cupti_trace.so
+trace() {  # variant word, model: one batch-1 run of 128 + 128 under the CUPTI library, the layer in launch order
+  local n s f; n=$(name "$1"); s=$(settings "$1")
+  [ "$(left)" -ge 45 ] && [ -f "$LIB" ] || { echo "$(ts) skip trace $2 $n"; return; }
+  f="$OUT/trace_${2}_$n"
+  env $s CUDA_INJECTION64_PATH="$LIB" XSERV_TRACE_OUT="$f.csv" timeout 40 "$G" --dummy-weights \
+    --config "bench/configs/$2.json" --device cuda --batch 1 --prompt-len 128 --gen-len 128 --repeat 1 >"$f.gb.txt" 2>&1
+  timeout 30 python3 scripts/cupti_steps.py "$f.csv" --last-prefill --order --top 40 >"$f.txt" 2>&1
+  echo "$(ts) trace $2 $n: $(grep -E '^\| 1 ' "$f.gb.txt" | tr -s ' ')"; gzip -f "$f.csv"
+}
 b1() {  # variant word, model: batch-1 decode, 128 + 128 tokens
   local n s f; n=$(name "$1"); s=$(settings "$1")
   [ "$(left)" -ge 20 ] || { echo "$(ts) skip b1 $2 $n"; return; }
@@ -33,6 +44,9 @@ for pass in 1 2; do
   for w in "${v[@]}"; do [ "$(left)" -ge 40 ] && sb "$w" qwen3-8b 16; done
   for w in "${v[@]}"; do [ "$(left)" -ge 20 ] && sb "$w" qwen3-1.7b 16; done
 done
+# The current defaults' batch-1 layer (the early trigger's default changed since the last H200
+# profile) and the lean form's, for the attention's share of the critical path.
+for m in qwen3-1.7b qwen3-0.6b; do for w in "${v[@]}"; do trace "$w" $m; done; done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 for w in "${v[@]}"; do
   [ "$(left)" -ge 40 ] || break

@@ -6,7 +6,8 @@
 # run_tests (calls of `tests LABEL LIMIT SPEC [ENV=V ...]`) and sets the variants:
 # "name:ENV=V,ENV=V" words in GB_VARIANTS / SERVE_VARIANTS / SERVE8_VARIANTS (run in that order;
 # a name alone runs the defaults). In a serving variant MBT=N is serve_bench's --max-batch-tokens
-# (unset: serve_bench's default, 16384 since 2026-12-04; 2048 before).
+# (unset: serve_bench's default, 16384 since 2026-12-04; 2048 before). ROUND_EXTRA_TARGETS: more
+# targets to build (e.g. xserv_cupti_trace).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -14,7 +15,7 @@ ts() { date -u +%H:%M:%S; }
 echo "== $(ts) build"
 [ "${SKIP_BUILD:-0}" = 1 ] || { source scripts/device-env.sh && cmake -S . -B /tmp/b -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DXSERV_BUILD_BENCH=ON \
   -DXSERV_BUILD_EXAMPLES=OFF -DXSERV_CUDA_TEST_BINARY=ON >"$OUT/build.txt" 2>&1 &&
-  cmake --build /tmp/b -j16 --target xserv_cuda_tests generate_bench serve_bench >>"$OUT/build.txt" 2>&1 ||
+  cmake --build /tmp/b -j16 --target xserv_cuda_tests generate_bench serve_bench ${ROUND_EXTRA_TARGETS:-} >>"$OUT/build.txt" 2>&1 ||
   { tail -40 "$OUT/build.txt"; exit 1; }; }
 T=${T:-/tmp/b/tests/cuda/xserv_cuda_tests}
 G=${G:-/tmp/b/bench/generate_bench}
