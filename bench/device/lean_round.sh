@@ -48,13 +48,18 @@ done
 # profile) and the lean form's, for the attention's share of the critical path.
 for m in qwen3-1.7b qwen3-0.6b; do for w in "${v[@]}"; do trace "$w" $m; done; done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+# The full set with per-instruction stall samples (the SASS page as CSV): the post-wait chain's
+# time by region (load of the q/k/v row, transform, scores, softmax, P.V, combine).
 for w in "${v[@]}"; do
-  [ "$(left)" -ge 40 ] || break
+  [ "$(left)" -ge 50 ] || break
   n=$(name "$w"); s=$(settings "$w")
-  env $s XSERV_CUDA_PROFILE_REPLAY=3 timeout 90 "$NCU" --clock-control none --cache-control none --profile-from-start off \
-    -k "regex:attention_decode_short" -c 1 --section SpeedOfLight --section WarpStateStats --section InstructionStats \
+  env $s XSERV_CUDA_PROFILE_REPLAY=3 timeout 120 "$NCU" --clock-control none --cache-control none --profile-from-start off \
+    -k "regex:attention_decode_short" -c 1 --set full --import-source yes -o "$OUT/ncu_$n" \
     "$G" --dummy-weights --device cuda --repeat 1 --config bench/configs/qwen3-0.6b.json --batch 1 --prompt-len 128 \
-    --gen-len 8 >"$OUT/ncu_$n.txt" 2>&1
+    --gen-len 8 >"$OUT/ncu_$n.log" 2>&1
+  "$NCU" -i "$OUT/ncu_$n.ncu-rep" --page details --print-details all >"$OUT/ncu_$n.txt" 2>&1
+  "$NCU" -i "$OUT/ncu_$n.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_${n}_sass.csv" 2>&1
+  gzip -f "$OUT/ncu_${n}_sass.csv"; rm -f "$OUT/ncu_$n.ncu-rep"
   echo "$(ts) ncu $n: $(grep -E '^\s+(Duration|Executed Instructions |Warp Cycles Per Issued)' "$OUT/ncu_$n.txt" | tr -s ' ' | tr '\n' ';')"
 done
 echo "== $(ts) all done"
