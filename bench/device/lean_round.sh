@@ -38,12 +38,13 @@ b1() {  # variant word, model: batch-1 decode, 128 + 128 tokens
   echo "$(ts) b1 $2 $n [$s]: $(grep -E '^\| 1 ' "$f" | tr -s ' ')"
 }
 v=(base lean:XSERV_CUDA_ATTN_LEAN_COPIES=1)
-for pass in 1 2; do
-  echo "== $(ts) pass $pass"
+pass() {
+  echo "== $(ts) pass $1"
   for m in qwen3-0.6b qwen3-1.7b qwen3-8b; do for w in "${v[@]}"; do b1 "$w" $m; done; done
   for w in "${v[@]}"; do [ "$(left)" -ge 40 ] && sb "$w" qwen3-8b 16; done
   for w in "${v[@]}"; do [ "$(left)" -ge 20 ] && sb "$w" qwen3-1.7b 16; done
-done
+}
+pass 1
 # The current defaults' batch-1 layer (the early trigger's default changed since the last H200
 # profile) and the lean form's, for the attention's share of the critical path.
 for m in qwen3-1.7b qwen3-0.6b; do for w in "${v[@]}"; do trace "$w" $m; done; done
@@ -62,4 +63,5 @@ for w in "${v[@]}"; do
   gzip -f "$OUT/ncu_${n}_sass.csv"; rm -f "$OUT/ncu_$n.ncu-rep"
   echo "$(ts) ncu $n: $(grep -E '^\s+(Duration|Executed Instructions |Warp Cycles Per Issued)' "$OUT/ncu_$n.txt" | tr -s ' ' | tr '\n' ';')"
 done
+pass 2
 echo "== $(ts) all done"
