@@ -61,6 +61,9 @@ TEST_CASE("config: GPT-2 variants (n_ctx only, explicit n_inner)", "[io][config]
   CHECK_THROWS_WITH(ModelConfig::parse(neither), Catch::Contains("n_positions"));
   CHECK(ModelConfig::parse(replace(kGpt2, R"("n_inner": null)", R"("n_inner": 1000)")).intermediate_size == 1000);
   CHECK_THROWS_WITH(ModelConfig::parse(replace(kGpt2, "gelu_new", "relu")), Catch::Contains("relu"));
+  // The default n_inner of a huge n_embd: an error, not a signed overflow (fuzz_config found it).
+  CHECK_THROWS_WITH(ModelConfig::parse(replace(kGpt2, R"("n_embd": 768)", R"("n_embd": 600000000)")),
+                    Catch::Contains("n_inner"));
 }
 
 TEST_CASE("config: Qwen3-0.6B keeps head_dim as given", "[io][config]") {
