@@ -580,6 +580,10 @@ xserv_status xserv_generate(xserv_model* model, const char* prompt,
 
 // ---- engine ---------------------------------------------------------------------------------
 
+}  // extern "C": the helpers below are C++ with internal linkage (inside the C block clang
+   // gave them C linkage and exported them from the static libxserv.a as engine_defaults,
+   // request_prompt, ... where a host's own symbols of those names would clash)
+
 namespace {
 
 // The C defaults are the C++ engine's (one place says them: EngineOptions).
@@ -669,6 +673,8 @@ std::vector<int32_t> request_prompt(const xserv_model& model, const xserv_reques
 }
 
 }  // namespace
+
+extern "C" {
 
 xserv_engine_params xserv_engine_default_params(void) { return engine_defaults(); }
 
