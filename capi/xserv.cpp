@@ -389,6 +389,10 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
 
     m->tokenizer = std::make_unique<xserv::Tokenizer>(xserv::Tokenizer::load(path));
     m->model->check_tokenizer(m->tokenizer->vocab_size(), path);
+    // Engines read generation_config.json's end ids when they are made; read them here too, so
+    // a broken file fails the load (FORMAT) rather than the first xserv_generate or engine
+    // (found by fuzz_model_load).
+    (void)xserv::load_eos_token_ids(path, c);
     m->arch = std::string(xserv::arch_name(c.arch));
     m->device = std::string(xserv::device_name(m->backend->device().kind));
     m->desc = m->arch + ", " + std::to_string(c.num_layers) + " layers, " +

@@ -464,6 +464,15 @@ static void test_config(void) {
   expect_load("dangling config.json link", XSERV_ERR_NOT_FOUND, "config.json", NULL);
   remove_file("config.json");
   write_good_config();
+
+  /* generation_config.json (its end ids) is read at load, not at the first generate. */
+  CHECK(write_text("generation_config.json", "{\"eos_token_id\": 50256,\x01}"));
+  expect_load("generation_config.json not JSON", XSERV_ERR_FORMAT, "generation_config.json", NULL);
+  CHECK(write_text("generation_config.json", "{\"eos_token_id\": \"x\"}"));
+  expect_load("generation_config.json eos id a string", XSERV_ERR_FORMAT, "eos_token_id", NULL);
+  CHECK(write_text("generation_config.json", "{\"eos_token_id\": [0, 7]}"));
+  expect_loads("generation_config.json with two eos ids");
+  remove_file("generation_config.json");
 }
 
 /* ---- tokenizer --------------------------------------------------------------------------- */
