@@ -14,8 +14,8 @@
 t0=$(date +%s)
 left() { echo $(( t0 + ${BUDGET:-420} - $(date +%s) )); }
 run_tests() {
-  tests attn 90 "cuda decode attention: the one-pass*,cuda qk_attention*"
-  tests models_lean 60 "cuda: *,cuda engine*" XSERV_CUDA_ATTN_LEAN_COPIES=1
+  tests attn 60 "cuda decode attention: the one-pass*,cuda qk_attention*"
+  tests models_lean 45 "cuda: *,cuda engine*" XSERV_CUDA_ATTN_LEAN_COPIES=1
 }
 ROUND_EXTRA_TARGETS=xserv_cupti_trace
 source bench/device/serve_round.sh
@@ -42,12 +42,9 @@ pass() {
   echo "== $(ts) pass $1"
   for m in qwen3-0.6b qwen3-1.7b qwen3-8b; do for w in "${v[@]}"; do b1 "$w" $m; done; done
   for w in "${v[@]}"; do [ "$(left)" -ge 40 ] && sb "$w" qwen3-8b 16; done
-  for w in "${v[@]}"; do [ "$(left)" -ge 20 ] && sb "$w" qwen3-1.7b 16; done
+  [ "$1" = 1 ] || for w in "${v[@]}"; do [ "$(left)" -ge 20 ] && sb "$w" qwen3-1.7b 16; done
 }
 pass 1
-# The current defaults' batch-1 layer (the early trigger's default changed since the last H200
-# profile) and the lean form's, for the attention's share of the critical path.
-for m in qwen3-1.7b qwen3-0.6b; do for w in "${v[@]}"; do trace "$w" $m; done; done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 # The full set with per-instruction stall samples (the SASS page as CSV): the post-wait chain's
 # time by region (load of the q/k/v row, transform, scores, softmax, P.V, combine).
@@ -63,5 +60,8 @@ for w in "${v[@]}"; do
   gzip -f "$OUT/ncu_${n}_sass.csv"; rm -f "$OUT/ncu_$n.ncu-rep"
   echo "$(ts) ncu $n: $(grep -E '^\s+(Duration|Executed Instructions |Warp Cycles Per Issued)' "$OUT/ncu_$n.txt" | tr -s ' ' | tr '\n' ';')"
 done
+# The current defaults' batch-1 layer (the early trigger's default changed since the last H200
+# profile) and the lean form's, for the attention's share of the critical path.
+for m in qwen3-1.7b qwen3-0.6b; do for w in "${v[@]}"; do trace "$w" $m; done; done
 pass 2
 echo "== $(ts) all done"
