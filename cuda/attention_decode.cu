@@ -1120,15 +1120,7 @@ __device__ __forceinline__ long long mul_wide(int a, int b) {
   return r;
 }
 
-// Lean (XSERV_CUDA_ATTN_LEAN_COPIES=1, opt-in while measured): the copies' addresses from 32-bit
-// slots and per-lane constants. ncu of the batch-1 Qwen3-0.6B launch (H100, 2026-12-07,
-// docs/benchmarks.md) counted ~745 instructions a warp before its copies were all issued, ~34
-// between two cp.async: each copy shuffled a 64-bit element offset, compared and selected it in
-// 64 bits and converted its shared address. A lane's kind of row (K or V), its 16-byte piece and
-// the key's place in each copy are constants, so a copy is a 32-bit shuffle of the key's slot,
-// one multiply-add into the lane's base pointer and the cp.async at a precomputed shared
-// address. The same copies: the same bits.
-template <int D, bool Lean = false>
+template <int D>
 __global__ void __launch_bounds__(short_warps * 32, 1)
     attention_decode_short_kernel(const QkAttentionParams params) {
   using bf16 = __nv_bfloat16;
@@ -1157,44 +1149,35 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   const std::int64_t out_stride = static_cast<std::int64_t>(p.n_q_heads) * D;
   bf16* const out = static_cast<bf16*>(p.out) + row * out_stride + static_cast<std::int64_t>(kvh) * group * D;
 
-  // Slots: lane l looks up key l % 16 of chunk w + 8 (l / 16); -1 past the row (zero-filled),
-  // -2 the own key (written by the transform, not copied).
-  const bf16* kc = static_cast<const bf16*>(p.k_cache);
-  const bf16* vc = static_cast<const bf16*>(p.v_cache);
-  long long off = -1;
-  int key_slot = -1;  // the lean form's: the key's cache slot (an int32 as slot_mapping), -1 past the row, -2 own
+  // Slots: lane l looks up key l % 16 of chunk w + 8 (l / 16): its cache slot (an int32, as
+  // slot_mapping's), -1 past the row (zero-filled), -2 the own key (written by the transform,
+  // not copied).
+  int key_slot = -1;
   {
     const int key = (warp + short_warps * (lane >> 4)) * chunk_keys + (lane & (chunk_keys - 1));
     const std::int32_t* table = p.block_tables + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
     const int bs = p.block_size;
     if (key == own) {
-      off = key_slot = -2;
+      key_slot = -2;
     } else if (key < own) {
       const bool pow2 = (bs & (bs - 1)) == 0;
       const int blk = pow2 ? key >> (__ffs(bs) - 1) : key / bs, in_blk = pow2 ? key & (bs - 1) : key % bs;
-      const long long slot_here = static_cast<long long>(table[blk]) * bs + in_blk;
-      off = (slot_here * p.n_kv_heads + kvh) * D;
-      key_slot = static_cast<int>(slot_here);
+      key_slot = table[blk] * bs + in_blk;
     }
   }
-  auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
-    bf16* stage = region + j * 2 * Lay::chunk_elems;
-    const int c = lane % pieces;
-#pragma unroll
-    for (int n = 0; n < copies; ++n) {
-      const int r = n * rows_per_copy + lane / pieces, key = r >> 1, is_v = r & 1;
-      const long long o = __shfl_sync(0xffffffffu, off, j * chunk_keys + key);
-      const bf16* src = (is_v ? vc : kc) + (o >= 0 ? o + c * 8 : 0);
-      if (o != -2) copy_async16_zfill(stage + is_v * Lay::chunk_elems + swz<D>(key, c), src, o >= 0);
-    }
-  };
-  // The lean form's per-lane constants: copy n moves piece `piece` of row n * rows_per_copy +
-  // lane / pieces of the chunk's [key][K, V] rows, i.e. of key n * rows_per_copy / 2 + key_in_copy.
+  // The copies' addresses from the 32-bit slots and per-lane constants: copy n moves piece
+  // `piece` of row n * rows_per_copy + lane / pieces of the chunk's [key][K, V] rows, i.e. of key
+  // n * rows_per_copy / 2 + key_in_copy, so a copy is a shuffle of that key's slot, one
+  // multiply-add into the lane's base pointer and the cp.async at a precomputed shared address.
+  // (Shuffling a 64-bit element offset and comparing and selecting it in 64 bits took ~34
+  // instructions a copy where this takes ~17: ncu on an H100, 2026-12-07, the batch-1 Qwen3-0.6B
+  // launch 9.18 -> 8.10 us, its warps' instructions before the copies are issued 744 -> 403;
+  // decode +1.6% at batch 1: docs/benchmarks.md, "The one-pass attention's lean copies".)
   const int piece = lane % pieces, lane_is_v = (lane / pieces) & 1, key_in_copy = lane / pieces >> 1;
-  const unsigned char* lane_src = reinterpret_cast<const unsigned char*>(lane_is_v ? vc : kc) +
+  const unsigned char* lane_src = static_cast<const unsigned char*>(lane_is_v ? p.v_cache : p.k_cache) +
                                   (static_cast<long long>(kvh) * D + piece * 8) * 2;
   const int slot_bytes = p.n_kv_heads * D * 2;  // one slot's K (or V) of every kv head
-  auto copy_chunk_lean = [&](int j) {  // warp-uniform, as copy_chunk
+  auto copy_chunk = [&](int j) {  // warp-uniform: the shuffles need every lane
     const unsigned stage = smem_addr(region + (2 * j + lane_is_v) * Lay::chunk_elems);
 #pragma unroll
     for (int n = 0; n < copies; ++n) {
@@ -1204,13 +1187,8 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
       if (s != -2) copy_async16_zfill_at(stage + swz<D>(key, piece) * 2, src, s >= 0);
     }
   };
-  if constexpr (Lean) {
-    if (mine > 0) copy_chunk_lean(0);
-    if (mine > 1) copy_chunk_lean(1);
-  } else {
-    if (mine > 0) copy_chunk(0);
-    if (mine > 1) copy_chunk(1);
-  }
+  if (mine > 0) copy_chunk(0);
+  if (mine > 1) copy_chunk(1);
   copy_async_commit();
 
   // The transform's inputs that no kernel of this step writes.
@@ -1729,10 +1707,10 @@ bool short_enabled() noexcept {
   return env == nullptr || std::atoi(env) != 0;
 }
 
-template <int D, bool Lean>
+template <int D>
 auto short_kernel_configured() {
   static const auto kernel = [] {
-    auto* k = attention_decode_short_kernel<D, Lean>;
+    auto* k = attention_decode_short_kernel<D>;
     XSERV_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           ShortLayout<D>::smem_bytes(8)));
     return k;
@@ -1740,12 +1718,9 @@ auto short_kernel_configured() {
   return kernel;
 }
 
-// XSERV_CUDA_ATTN_LEAN_COPIES=1 (read at every call): the one-pass kernel's lean copies.
 template <int D>
 void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
-  const char* env = std::getenv("XSERV_CUDA_ATTN_LEAN_COPIES");
-  const bool lean = env != nullptr && std::string_view(env) == "1";
-  const auto kernel = lean ? short_kernel_configured<D, true>() : short_kernel_configured<D, false>();
+  const auto kernel = short_kernel_configured<D>();
   const AttentionParams& p = qp.attn;
   const int group = p.n_q_heads / p.n_kv_heads;
   launch_pdl(kernel, dim3(p.num_tokens, p.n_kv_heads), dim3(short_warps * 32),

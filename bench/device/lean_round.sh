@@ -9,6 +9,9 @@
 # an H100) and Qwen3-8B 16 at once (the attention's blocks start only as the q|k|v GEMM's leave,
 # so its whole prologue is exposed). CUPTI traces of the batch-1 layer of both forms (0.6B, 1.7B). Tests first (the one-pass kernel's exact cases hold the lean
 # form bit for bit; the model cases under it), then the figures, then ncu of both forms at batch 1.
+# Ran on an H100 on 2026-12-07 (docs/benchmarks.md, "The one-pass attention's lean copies"): the
+# lean copies won and are the kernel's only form since, so the variable is gone and both variants
+# of this script now run the same code; it stays as the record of that round.
 # As a request's run.sh (scripts/device_round.sh) or alone (~6 min with the build):
 #   OUT=... bash bench/device/lean_round.sh
 t0=$(date +%s)

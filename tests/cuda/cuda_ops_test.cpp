@@ -1669,14 +1669,6 @@ TEST_CASE("cuda decode attention: the one-pass short-context kernel", "[cuda]") 
         const Result mma = run(seed, g, *seqs, bs, "0");
         REQUIRE(one.k == mma.k);
         REQUIRE(one.v == mma.v);
-        {
-          const ScopedEnv env_lean("XSERV_CUDA_ATTN_LEAN_COPIES", "1");
-          INFO("the lean copies (XSERV_CUDA_ATTN_LEAN_COPIES=1)");
-          const Result lean = run(seed, g, *seqs, bs, nullptr);
-          REQUIRE(lean.out == one.out);
-          REQUIRE(lean.k == one.k);
-          REQUIRE(lean.v == one.v);
-        }
         for (const char* mb : {"auto", "2"}) {
           const ScopedEnv env_mb("XSERV_CUDA_ATTN_L2_NEXT_MB", mb);
           INFO("the next weight asked into L2, XSERV_CUDA_ATTN_L2_NEXT_MB=" << mb);
