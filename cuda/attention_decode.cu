@@ -1172,7 +1172,8 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
   // (Shuffling a 64-bit element offset and comparing and selecting it in 64 bits took ~34
   // instructions a copy where this takes ~17: ncu on an H100, 2026-12-07, the batch-1 Qwen3-0.6B
   // launch 9.18 -> 8.10 us, its warps' instructions before the copies are issued 744 -> 403;
-  // Qwen3-0.6B decode +1.7% at batch 1: docs/benchmarks.md, "The one-pass attention's lean copies".)
+  // Qwen3-0.6B decode +1.7% at batch 1: docs/benchmarks.md, "The one-pass attention's lean
+  // copies".)
   const int piece = lane % pieces, lane_is_v = (lane / pieces) & 1, key_in_copy = lane / pieces >> 1;
   const unsigned char* lane_src = static_cast<const unsigned char*>(lane_is_v ? p.v_cache : p.k_cache) +
                                   (static_cast<long long>(kvh) * D + piece * 8) * 2;
