@@ -225,7 +225,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   ep.max_seqs = 4;
   ep.max_batch_tokens = 64;   // prompts in chunks
   ep.kv_cache_tokens = 512;   // two full contexts: requests preempt one another
-  ep.max_waiting = 6;         // submit's RESOURCE_EXHAUSTED is reachable
+  ep.max_waiting = 3;         // a fourth request at once meets submit's RESOURCE_EXHAUSTED
   require(xserv_engine_create(g_model, &ep, &g_engine) == XSERV_OK);
   return 0;
 }
