@@ -76,13 +76,11 @@ void parse_gpt2(const Reader& r, ModelConfig& c) {
   if (!n_pos) n_pos = r.optional_int("n_ctx");
   XSERV_CHECK(n_pos.has_value(), ErrorCode::format, "{}: required field 'n_positions' (or 'n_ctx') is missing", r.source);
   c.max_position_embeddings = *n_pos;
-  // n_inner null or absent: 4 x n_embd, computed wide (n_embd may be up to 2^30 here) and refused
-  // past the fields' range rather than overflowed (found by fuzz_config).
+  // n_inner null or absent: 4 x n_embd, computed wide (n_embd may be up to 2^30 here) and held
+  // to the fields' range rather than overflowed (found by fuzz_config).
   const auto n_inner = r.optional_int("n_inner");
-  const std::int64_t inner = n_inner ? *n_inner : 4 * std::int64_t{c.hidden_size};
-  XSERV_CHECK(inner <= (1 << 30), ErrorCode::format, "{}: n_inner (4 x n_embd = {}) is out of range",
-              r.source, inner);
-  c.intermediate_size = static_cast<std::int32_t>(inner);
+  c.intermediate_size =
+      n_inner ? *n_inner : r.checked_int("n_inner (4 x n_embd)", 4 * std::int64_t{c.hidden_size});
   c.norm_eps = checked_float(json::get_number(r.obj, "layer_norm_epsilon", r.source), 1e-5,
                              "layer_norm_epsilon", r.source);
   c.activation = json::get_string(r.obj, "activation_function", r.source).value_or("gelu_new");

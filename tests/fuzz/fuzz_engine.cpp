@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/utf8.hpp"
 #include "xserv.h"
 
 namespace {
@@ -39,24 +40,6 @@ void require(bool ok) {
 xserv_model* g_model = nullptr;
 xserv_engine* g_engine = nullptr;
 std::int32_t g_vocab = 0;
-
-bool valid_utf8(const char* s, std::size_t n) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s);
-  for (std::size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0 || i + len > n) return false;
-    std::uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    const std::uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
 
 // A float that is usually in or near a parameter's range and sometimes anything at all.
 float some_float(FuzzedDataProvider& fdp) {
@@ -96,7 +79,7 @@ struct Session {
     Sample& s = r.samples[static_cast<std::size_t>(e.index)];
     require(s.endings == 0);  // nothing after a sample's end
     require(e.type == XSERV_EVENT_TOKEN || e.type == XSERV_EVENT_FINISHED);
-    require(e.text != nullptr && std::strlen(e.text) == e.text_len && valid_utf8(e.text, e.text_len));
+    require(e.text != nullptr && std::strlen(e.text) == e.text_len && xserv::utf8::is_valid({e.text, e.text_len}));
     require(e.error != nullptr);
     if (e.type == XSERV_EVENT_TOKEN) {
       require(e.token >= 0 && e.token < g_vocab);

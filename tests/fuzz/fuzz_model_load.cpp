@@ -14,11 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 
+#include "core/mapped_file.hpp"
 #include "fuzz_support.hpp"
 #include "xserv.h"
 
@@ -39,12 +38,6 @@ const std::string kModel = XSERV_SOURCE_DIR "/examples/models/shakespeare";
 const char* const kJsonFiles[] = {"config.json", "generation_config.json", "tokenizer_config.json"};
 std::string g_originals[3];
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  require(f.good());
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -52,7 +45,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const std::string& dir = xserv::fuzz::scratch_dir();
   for (const char* name : {"model.safetensors", "tokenizer.json", "vocab.json", "merges.txt"})
     require(::symlink((kModel + "/" + name).c_str(), (dir + "/" + name).c_str()) == 0);
-  for (int i = 0; i < 3; ++i) g_originals[i] = read_all(kModel + "/" + kJsonFiles[i]);
+  for (int i = 0; i < 3; ++i) g_originals[i] = xserv::read_file(kModel + "/" + kJsonFiles[i]);
   return 0;
 }
 
