@@ -7,11 +7,13 @@
 #   OUT=... [TESTS="spec"] [TESTS_S=90] [BUDGET=380] [VARIANTS="label:ENV=V,ENV=V ..."] \
 #     bash bench/device/goals_round.sh
 set -uo pipefail
-ROUND_TARGETS="serve_bench"
+ROUND_TARGETS="serve_bench handoff_bench"
 BUDGET=${BUDGET:-380}
 source bench/device/cuda_round_common.sh
 tests main "${TESTS_S:-90}" "${TESTS:-cuda decode attention: the one-pass*,cuda qk_attention*,cuda: *}"
 S=/tmp/b/bench/serve_bench
+# What a kernel-to-kernel hand-off costs (bench/handoff_bench.cu), with and without a producer body.
+for w in 0 400; do timeout -k 5 30 /tmp/b/bench/handoff_bench --work $w | tee "$OUT/handoff_w$w.txt"; done
 gb() {  # model, repeat, [label, env settings]
   local f="$OUT/gb_$1${3:+_$3}.$(date -u +%H%M%S).txt"
   env ${4:-} timeout 60 "$G" --dummy-weights --config "bench/configs/$1.json" --device cuda --batch 1 \
