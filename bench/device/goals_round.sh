@@ -4,13 +4,17 @@
 # each row is a goal's latest figure on this lease (rerun a baseline beside it to compare kernels).
 # From the repository root, as a request's run.sh or alone (~330 s on an H200: build ~70, tests
 # <= TESTS_S, batch-1 ~100, serving ~120):
-#   OUT=... [TESTS="spec"] [TESTS_S=90] [BUDGET=380] [VARIANTS="label:ENV=V,ENV=V ..."] \
+#   OUT=... [TESTS="spec"] [TESTS_S=90] [TESTS_ENV="ENV=V ..." [TESTS_ENV_SPEC="spec"]] [BUDGET=380] \
+#     [VARIANTS="label:ENV=V,ENV=V ..."] \
 #     bash bench/device/goals_round.sh
 set -uo pipefail
 ROUND_TARGETS="serve_bench handoff_bench"
 BUDGET=${BUDGET:-380}
 source bench/device/cuda_round_common.sh
 tests main "${TESTS_S:-90}" "${TESTS:-cuda decode attention: the one-pass*,cuda qk_attention*,cuda: *}"
+# The same model and engine cases again under an opt-in switch's settings (TESTS_ENV="ENV=V ...").
+# shellcheck disable=SC2086  # TESTS_ENV is a list of settings
+[ -n "${TESTS_ENV:-}" ] && tests switched "${TESTS_S:-90}" "${TESTS_ENV_SPEC:-cuda: *,cuda engine*}" $TESTS_ENV
 S=/tmp/b/bench/serve_bench
 # What a kernel-to-kernel hand-off costs (bench/handoff_bench.cu), with and without a producer body.
 for w in 0 400; do timeout -k 5 30 /tmp/b/bench/handoff_bench --work $w | tee "$OUT/handoff_w$w.txt"; done

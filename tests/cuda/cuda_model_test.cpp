@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/mapped_file.hpp"
+#include "cuda/kernels.hpp"
 #include "cuda_test_util.hpp"
 #include "engine/generate.hpp"
 #include "io/safetensors.hpp"
@@ -207,5 +208,66 @@ TEST_CASE("cuda: batched Qwen3 decode with the residual GEMM in K parts matches 
       INFO("row " << r << ": max diff " << diff << ", max |separate| " << scale);
       CHECK(diff <= 5e-2f * scale);
     }
+  }
+}
+
+// XSERV_CUDA_HANDOFF=1 (read when a backend is made): at batch 1 the o_proj's bulk GEMV waits for
+// the one-pass decode attention's blocks to signal their writes instead of for the attention
+// grid's completion. A synchronisation change only: a bf16 Qwen3 of dummy weights in Qwen3-1.7B's
+// head geometry (16 q and 8 kv heads of 128, so the one-pass kernel and the bulk GEMV run),
+// prefilled, then decoded 24 steps eagerly and 24 replayed from a CUDA graph, gives the same
+// logits bit for bit with the hand-off as without, and the hand-off was taken.
+TEST_CASE("cuda: batch-1 Qwen3 decode with hand-off counters gives the defaults' bits", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  test::TempDir tmp;
+  tmp.write("config.json", R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 1000, "hidden_size": 2048, "num_hidden_layers": 3, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16"})");
+  constexpr std::int32_t steps = 24;
+  std::vector<std::vector<float>> got[2];  // [handoff]: every step's logits, eager then replayed
+  std::uint64_t taken[2] = {};
+  for (int handoff = 0; handoff < 2; ++handoff) {
+    const ScopedEnv env("XSERV_CUDA_HANDOFF", handoff ? "1" : "0");
+    auto backend = cuda::make_cuda_backend({});
+    ModelOptions mo;
+    mo.dummy_weights = true;
+    mo.max_batch_tokens = 64;
+    auto model = Model::load(tmp.path().string(), *backend, mo);
+    const std::int64_t vocab = model->config().vocab_size;
+    const std::uint64_t before = cuda::gemv_handoff_launches();
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
+      kv::BlockTable table(16);
+      const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8, 250, 31, 64, 2};
+      const auto n = static_cast<std::int32_t>(prompt.size());
+      table.ensure_capacity(cache.blocks(), n + steps);
+      model->forward(prefill_batch(prompt, table, {n - 1}), cache);
+      Tensor recorded;
+      for (std::int32_t step = 0; step < steps; ++step) {
+        const std::int32_t id = (step * 37 + 11) % static_cast<std::int32_t>(vocab);
+        const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
+        Tensor out;
+        if (graphs) {
+          backend->run_graph(13, [&] { out = model->forward(db, cache); });
+          if (out.empty()) out = recorded;
+          else recorded = out;
+        } else {
+          out = model->forward(db, cache);
+        }
+        std::vector<float> host(static_cast<std::size_t>(vocab));
+        backend->download(host.data(), out);
+        got[handoff].push_back(std::move(host));
+      }
+    }
+    taken[handoff] = cuda::gemv_handoff_launches() - before;
+  }
+  CHECK(taken[0] == 0);
+  CHECK(taken[1] >= static_cast<std::uint64_t>(steps) * 3);  // every layer of every eager step
+  REQUIRE(got[0].size() == got[1].size());
+  for (std::size_t s = 0; s < got[0].size(); ++s) {
+    INFO("step " << s << " (from " << steps << ": replayed)");
+    REQUIRE(got[1][s] == got[0][s]);
   }
 }
