@@ -735,16 +735,17 @@ void CudaBackend::embedding(Tensor out, const Tensor& ids, const Tensor& table,
               ErrorCode::invalid_argument,
               "embedding: out {} ({}), ids {}, table {} ({}), pos_table {} do not fit", out.shape,
               dtype_name(dt), ids.shape, table.shape, dtype_name(table.dtype), pos_table.shape);
-  if (handoff_) {  // a forward begins: its hand-off counters start from zero
+  ZeroWords zero;
+  if (handoff_) {  // a forward begins: the embedding kernel zeroes its hand-off counters
     ensure_scratch(handoff_counters_, max_handoffs * sizeof(unsigned));
-    XSERV_CUDA_CHECK(cudaMemsetAsync(handoff_counters_.data(), 0, max_handoffs * sizeof(unsigned), stream_));
+    zero = {static_cast<unsigned*>(handoff_counters_.data()), static_cast<int>(max_handoffs)};
     handoff_next_ = 0;
     pending_handoff_ = {};
   }
   launch_embedding(stream_, dt, out.data, ids.as<std::int32_t>(), table.data,
                    pos_table.empty() ? nullptr : pos_table.data,
                    pos_table.empty() ? nullptr : positions.as<std::int32_t>(), out.shape[0],
-                   out.shape[1], table.shape[0], pos_table.empty() ? 0 : pos_table.shape[0]);
+                   out.shape[1], table.shape[0], pos_table.empty() ? 0 : pos_table.shape[0], zero);
 }
 
 void CudaBackend::norm(const char* op, bool rms, Tensor out, const Tensor& x, Tensor residual,

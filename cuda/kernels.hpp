@@ -31,10 +31,15 @@ bool small_kernels_pdl() noexcept;
 std::int64_t pdl_gemv_max_bytes() noexcept;
 
 // embedding.cu
+// Words the embedding kernel zeroes as well (the forward's hand-off counters; none by default).
+struct ZeroWords {
+  unsigned* words = nullptr;
+  int count = 0;
+};
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
                       const void* table, const void* pos_table, const std::int32_t* positions,
                       std::int64_t rows, std::int64_t dim, std::int64_t vocab,
-                      std::int64_t n_positions);
+                      std::int64_t n_positions, ZeroWords zero = {});
 // tokens[i] < 0 becomes sampled[-tokens[i] - 1] (an overlapped step's inputs; one block).
 void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
                            const std::int32_t* sampled);
