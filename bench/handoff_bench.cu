@@ -19,6 +19,7 @@
 #include <cstring>
 #include <string>
 
+#include "cuda/common.cuh"
 #include "cuda_graph_timer.hpp"
 
 namespace {
@@ -31,47 +32,17 @@ static_assert(consumer_blocks * 8 == width, "each consumer block writes 8 floats
 
 enum class Mode { plain, pdl, flags, none };
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_allow() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void add_release(unsigned* p) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
-}
-
-// Waits until *counter >= target (one thread polls; the block barrier orders the others' reads
-// after its acquire), then lets the next kernel launch.
-__device__ __forceinline__ void wait_counter(const unsigned* counter, unsigned target) {
-  if (threadIdx.x == 0)
-    while (load_acquire(counter) < target) {
-    }
-  __syncthreads();
-}
-
+// The production primitives (cuda/common.cuh): grid_dependency_wait, handoff_wait / _signal.
 template <Mode M>
 __device__ __forceinline__ void enter(const unsigned* counter, unsigned target) {
-  if constexpr (M == Mode::pdl) {
-    pdl_wait();
-    pdl_allow();
-  } else if constexpr (M == Mode::flags) {
-    wait_counter(counter, target);
-    pdl_allow();
-  } else if constexpr (M == Mode::none) {
-    pdl_allow();
-  }
+  if constexpr (M == Mode::pdl) xserv::cuda::grid_dependency_wait();
+  else if constexpr (M == Mode::flags) xserv::cuda::handoff_wait(counter, target);
+  else if constexpr (M == Mode::none) xserv::cuda::allow_dependents();
 }
 
 template <Mode M>
 __device__ __forceinline__ void leave(unsigned* counter) {
-  if constexpr (M == Mode::flags) {
-    __syncthreads();  // every thread's writes are done before the block's release
-    if (threadIdx.x == 0) add_release(counter);
-  }
+  if constexpr (M == Mode::flags) xserv::cuda::handoff_signal(counter);
 }
 
 // The "attention": each block reads the whole 2048-float input (as the attention reads q), does
@@ -105,20 +76,6 @@ __global__ void consumer(const float* y, float* x, unsigned* counters, unsigned 
   leave<M>(&counters[1]);
 }
 
-template <typename... Params, typename... Args>
-void launch(bool pdl, void (*kernel)(Params...), int blocks, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
-  xserv::bench::cuda_check(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), "launch");
-}
-
 template <Mode M>
 double us_per_handoff(cudaStream_t stream, float* x, float* y, unsigned* counters, int pairs, int work) {
   const bool pdl = M != Mode::plain;
@@ -126,8 +83,10 @@ double us_per_handoff(cudaStream_t stream, float* x, float* y, unsigned* counter
     // The counters restart with every replay; the first producer's wait (pair 0) is met at once.
     xserv::bench::cuda_check(cudaMemsetAsync(counters, 0, 2 * sizeof(unsigned), stream), "memset");
     for (int p = 0; p < pairs; ++p) {
-      launch(pdl, producer<M>, producer_blocks, stream, x, y, counters, static_cast<unsigned>(p), work);
-      launch(pdl, consumer<M>, consumer_blocks, stream, y, x, counters, static_cast<unsigned>(p));
+      xserv::cuda::launch_kernel(pdl, producer<M>, dim3(producer_blocks), dim3(threads), 0, stream, x, y,
+                                 counters, static_cast<unsigned>(p), work);
+      xserv::cuda::launch_kernel(pdl, consumer<M>, dim3(consumer_blocks), dim3(threads), 0, stream, y, x,
+                                 counters, static_cast<unsigned>(p));
     }
   });
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/mapped_file.hpp"
 #include "cuda/kernels.hpp"
@@ -69,6 +70,35 @@ void check_golden(const std::string& model_dir, const std::string& golden_dir) {
   if (!f32) WARN("bf16 greedy: " << same << " of " << total << " leading tokens equal HF's f32 run");
 }
 
+// Prefills `prompt` into a fresh cache, then decodes `steps` one-row steps, eagerly or replayed
+// from the CUDA graph recorded under `key`; step s's input id is next(s, the logits before it: the
+// prefill's for step 0). Returns every decode step's logits.
+std::vector<std::vector<float>> decode_steps(
+    Backend& backend, Model& model, const std::vector<std::int32_t>& prompt, std::int32_t steps,
+    bool graphs, std::uint64_t key, const std::function<std::int32_t(std::int32_t, const Tensor&)>& next) {
+  const std::int64_t vocab = model.config().vocab_size;
+  kv::KvCache cache(backend, model.kv_spec(), {16, 8, 0});
+  kv::BlockTable table(16);
+  const auto n = static_cast<std::int32_t>(prompt.size());
+  table.ensure_capacity(cache.blocks(), n + steps);
+  Tensor out = model.forward(prefill_batch(prompt, table, {n - 1}), cache), recorded;
+  std::vector<std::vector<float>> logits;
+  for (std::int32_t step = 0; step < steps; ++step) {
+    const DeviceBatch db = backend.upload_batch(decode_batch(next(step, out), n + step, table));
+    if (graphs) {
+      out = {};
+      backend.run_graph(key, [&] { out = model.forward(db, cache); });
+      if (out.empty()) out = recorded;
+      else recorded = out;
+    } else {
+      out = model.forward(db, cache);
+    }
+    logits.emplace_back(static_cast<std::size_t>(vocab));
+    backend.download(logits.back().data(), out);
+  }
+  return logits;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: tiny GPT-2 and Qwen3 fixtures match transformers", "[cuda]") {
@@ -87,41 +117,21 @@ TEST_CASE("cuda: decode steps replayed from a CUDA graph equal eager steps", "[c
     const std::string dir = std::string(XSERV_TEST_DATA_DIR "/models/") + name;
     auto backend = cuda::make_cuda_backend({});
     auto model = Model::load(dir, *backend, {});
-    const std::int64_t vocab = model->config().vocab_size;
-    std::vector<std::vector<float>> runs[2];
-    for (int graphs = 0; graphs < 2; ++graphs) {
-      kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
-      kv::BlockTable table(16);
-      const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8};
-      const auto n = static_cast<std::int32_t>(prompt.size());
-      table.ensure_capacity(cache.blocks(), n + 12);
-      Tensor logits = model->forward(prefill_batch(prompt, table, {n - 1}), cache);
-      Tensor recorded;
+    SamplingBatch greedy;
+    greedy.rows.resize(1);
+    greedy.rows[0].temperature = 0.0f;
+    const auto sampled = [&](std::int32_t, const Tensor& logits) {
       std::int32_t id = 0;
-      SamplingBatch greedy;
-      greedy.rows.resize(1);
-      greedy.rows[0].temperature = 0.0f;
       backend->sample(logits, greedy, &id);
-      for (std::int32_t step = 0; step < 12; ++step) {
-        const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
-        Tensor out;
-        if (graphs) {
-          backend->run_graph(7, [&] { out = model->forward(db, cache); });
-          if (out.empty()) out = recorded;
-          else recorded = out;
-        } else {
-          out = model->forward(db, cache);
-        }
-        std::vector<float> host(static_cast<std::size_t>(vocab));
-        backend->download(host.data(), out);
-        runs[graphs].push_back(host);
-        backend->sample(out, greedy, &id);
-      }
-    }
-    REQUIRE(runs[0].size() == runs[1].size());
-    for (std::size_t s = 0; s < runs[0].size(); ++s) {
+      return id;
+    };
+    const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8};
+    const auto eager = decode_steps(*backend, *model, prompt, 12, false, 7, sampled);
+    const auto replayed = decode_steps(*backend, *model, prompt, 12, true, 7, sampled);
+    REQUIRE(eager.size() == replayed.size());
+    for (std::size_t s = 0; s < eager.size(); ++s) {
       INFO("step " << s);
-      REQUIRE(runs[1][s] == runs[0][s]);
+      REQUIRE(replayed[s] == eager[s]);
     }
   }
 }
@@ -226,7 +236,7 @@ TEST_CASE("cuda: batch-1 Qwen3 decode with hand-off counters gives the defaults'
     "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
     "tie_word_embeddings": false, "hidden_act": "silu", "torch_dtype": "bfloat16"})");
   constexpr std::int32_t steps = 24;
-  std::vector<std::vector<float>> got[2];  // [handoff]: every step's logits, eager then replayed
+  std::vector<std::vector<float>> got[2][2];  // [handoff][graphs]: every step's logits
   std::uint64_t taken[2] = {};
   for (int handoff = 0; handoff < 2; ++handoff) {
     const ScopedEnv env("XSERV_CUDA_HANDOFF", handoff ? "1" : "0");
@@ -235,39 +245,20 @@ TEST_CASE("cuda: batch-1 Qwen3 decode with hand-off counters gives the defaults'
     mo.dummy_weights = true;
     mo.max_batch_tokens = 64;
     auto model = Model::load(tmp.path().string(), *backend, mo);
-    const std::int64_t vocab = model->config().vocab_size;
+    const auto fixed = [](std::int32_t step, const Tensor&) { return (step * 37 + 11) % 1000; };
+    const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8, 250, 31, 64, 2};
     const std::uint64_t before = cuda::gemv_handoff_launches();
-    for (int graphs = 0; graphs < 2; ++graphs) {
-      kv::KvCache cache(*backend, model->kv_spec(), {16, 8, 0});
-      kv::BlockTable table(16);
-      const std::vector<std::int32_t> prompt = {5, 17, 3, 99, 42, 7, 8, 250, 31, 64, 2};
-      const auto n = static_cast<std::int32_t>(prompt.size());
-      table.ensure_capacity(cache.blocks(), n + steps);
-      model->forward(prefill_batch(prompt, table, {n - 1}), cache);
-      Tensor recorded;
-      for (std::int32_t step = 0; step < steps; ++step) {
-        const std::int32_t id = (step * 37 + 11) % static_cast<std::int32_t>(vocab);
-        const DeviceBatch db = backend->upload_batch(decode_batch(id, n + step, table));
-        Tensor out;
-        if (graphs) {
-          backend->run_graph(13, [&] { out = model->forward(db, cache); });
-          if (out.empty()) out = recorded;
-          else recorded = out;
-        } else {
-          out = model->forward(db, cache);
-        }
-        std::vector<float> host(static_cast<std::size_t>(vocab));
-        backend->download(host.data(), out);
-        got[handoff].push_back(std::move(host));
-      }
-    }
+    for (int graphs = 0; graphs < 2; ++graphs)
+      got[handoff][graphs] = decode_steps(*backend, *model, prompt, steps, graphs != 0, 13, fixed);
     taken[handoff] = cuda::gemv_handoff_launches() - before;
   }
   CHECK(taken[0] == 0);
   CHECK(taken[1] >= static_cast<std::uint64_t>(steps) * 3);  // every layer of every eager step
-  REQUIRE(got[0].size() == got[1].size());
-  for (std::size_t s = 0; s < got[0].size(); ++s) {
-    INFO("step " << s << " (from " << steps << ": replayed)");
-    REQUIRE(got[1][s] == got[0][s]);
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    REQUIRE(got[0][graphs].size() == got[1][graphs].size());
+    for (std::size_t s = 0; s < got[0][graphs].size(); ++s) {
+      INFO("step " << s << (graphs ? ", replayed" : ", eager"));
+      REQUIRE(got[1][graphs][s] == got[0][graphs][s]);
+    }
   }
 }
