@@ -8,7 +8,9 @@
 //   pdl     PDL; each kernel waits with griddepcontrol.wait, then lets the next one launch (the
 //           rule of cuda/common.cuh: at most two kernels of the chain overlap)
 //   flags   PDL launch as above, but the consumer waits for release/acquire counters the
-//           producer's blocks bump after their writes, not for the producer grid's completion
+//           producer's blocks bump after their writes (behind a full fence), not for the
+//           producer grid's completion
+//   release the same counters bumped without the fence (the release add alone)
 //   none    PDL, no wait at all (wrong data; the launch-throughput floor the others approach)
 // Usage: handoff_bench [--pairs N] [--work N]   (--work: dependent multiply-adds a thread does
 // before writing, to give the producer a body; default 0)
@@ -30,19 +32,44 @@ constexpr int consumer_blocks = 256;
 constexpr int width = producer_blocks * threads;  // 2048 floats each way
 static_assert(consumer_blocks * 8 == width, "each consumer block writes 8 floats");
 
-enum class Mode { plain, pdl, flags, none };
+enum class Mode { plain, pdl, flags, release, none };
 
-// The production primitives (cuda/common.cuh): grid_dependency_wait, handoff_wait / _signal.
+__device__ __forceinline__ void pdl_allow() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Waits until *counter >= target (one thread polls with acquire loads; the block barrier orders
+// the other threads' reads after it), then lets the next kernel launch.
+__device__ __forceinline__ void counter_wait(const unsigned* counter, unsigned target) {
+  if (threadIdx.x == 0) {
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    } while (v < target);
+  }
+  __syncthreads();
+  pdl_allow();
+}
+
+// After the block's last write: the barrier, then one release add by thread 0, behind a full
+// fence (Fence, as cooperative groups' grid sync does) or not.
+template <bool Fence>
+__device__ __forceinline__ void counter_signal(unsigned* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if constexpr (Fence) __threadfence();
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  }
+}
+
 template <Mode M>
 __device__ __forceinline__ void enter(const unsigned* counter, unsigned target) {
-  if constexpr (M == Mode::pdl) xserv::cuda::grid_dependency_wait();
-  else if constexpr (M == Mode::flags) xserv::cuda::handoff_wait(counter, target);
-  else if constexpr (M == Mode::none) xserv::cuda::allow_dependents();
+  if constexpr (M == Mode::pdl) xserv::cuda::grid_dependency_wait();  // the decode kernels' wait
+  else if constexpr (M == Mode::flags || M == Mode::release) counter_wait(counter, target);
+  else if constexpr (M == Mode::none) pdl_allow();
 }
 
 template <Mode M>
 __device__ __forceinline__ void leave(unsigned* counter) {
-  if constexpr (M == Mode::flags) xserv::cuda::handoff_signal(counter);
+  if constexpr (M == Mode::flags || M == Mode::release) counter_signal<M == Mode::flags>(counter);
 }
 
 // The "attention": each block reads the whole 2048-float input (as the attention reads q), does
@@ -125,6 +152,7 @@ int main(int argc, char** argv) {
     std::printf("| plain | %.3f |\n", us_per_handoff<Mode::plain>(stream, x, y, counters, pairs, work));
     std::printf("| pdl | %.3f |\n", us_per_handoff<Mode::pdl>(stream, x, y, counters, pairs, work));
     std::printf("| flags | %.3f |\n", us_per_handoff<Mode::flags>(stream, x, y, counters, pairs, work));
+    std::printf("| release | %.3f |\n", us_per_handoff<Mode::release>(stream, x, y, counters, pairs, work));
     std::printf("| none | %.3f |\n", us_per_handoff<Mode::none>(stream, x, y, counters, pairs, work));
   }
   xserv::bench::cuda_check(cudaStreamSynchronize(stream), "sync");

@@ -1363,7 +1363,6 @@ __global__ void __launch_bounds__(short_warps * 32, 1)
     }
     out[h * D + d] = __float2bfloat16_rn(sum > 0.0f ? val / sum : 0.0f);
   }
-  if (params.handoff != nullptr) handoff_signal(params.handoff);  // after every write (k, v, out)
 }
 
 // Combines the splits of one (row, head): grid (T, n_q_heads), merge_threads threads. Long
@@ -1729,13 +1728,12 @@ void launch_short(cudaStream_t stream, const QkAttentionParams& qp) {
              static_cast<std::size_t>(ShortLayout<D>::smem_bytes(group)), stream, qp);
 }
 
-// Returns the blocks that signal p.handoff: the one-pass kernel's, else 0.
 template <int D, bool Fused>
-unsigned launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
+void launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
   if (head_warps_launch(D, static_cast<std::int64_t>(p.attn.num_tokens) * p.attn.n_kv_heads, device_sm_count())) {
     if (mma_stages() == 2) launch_head_warps<D, 2, Fused>(stream, p);
     else launch_head_warps<D, 3, Fused>(stream, p);
-    return 0;
+    return;
   }
   if (launch_warps(p.attn) == wide_warps) {
     // The short-context rule's folded launches (one split of at most short_context_keys keys, the
@@ -1743,18 +1741,17 @@ unsigned launch_mma_dim(cudaStream_t stream, const QkAttentionParams& p) {
     if constexpr (Fused) {
       if (short_enabled() && p.attn.num_splits == 1 && p.attn.split_size <= short_context_keys && mma_stages() == 0) {
         launch_short<D>(stream, p);
-        return p.handoff != nullptr ? static_cast<unsigned>(p.attn.num_tokens * p.attn.n_kv_heads) : 0u;
+        return;
       }
     }
     if (mma_stages() == 3) launch_mma<D, 3, Fused, wide_warps>(stream, p);
     else launch_mma<D, 2, Fused, wide_warps>(stream, p);
-    return 0;
+    return;
   }
   const int stages = launch_stages(p.attn);
   if (stages == 2) launch_mma<D, 2, Fused>(stream, p);
   else if (stages == 3) launch_mma<D, 3, Fused>(stream, p);
   else launch_mma<D, 4, Fused>(stream, p);
-  return 0;
 }
 
 template <typename T>
@@ -1858,13 +1855,16 @@ bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t gr
          group <= 8;
 }
 
-unsigned launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& params) {
-  if (params.attn.num_tokens == 0) return 0;
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& params) {
+  if (params.attn.num_tokens == 0) return;
   const char* env = std::getenv("XSERV_CUDA_ATTN_FOLD_AT_ONCE");  // at every call, as FUSE_QK
   const bool at_once = env == nullptr || std::string_view(env) != "0";
   QkAttentionParams p = params;
   p.fold_at_once = at_once;
-  return p.attn.head_dim == 64 ? launch_mma_dim<64, true>(stream, p) : launch_mma_dim<128, true>(stream, p);
+  if (p.attn.head_dim == 64)
+    launch_mma_dim<64, true>(stream, p);
+  else
+    launch_mma_dim<128, true>(stream, p);
 }
 
 }  // namespace xserv::cuda

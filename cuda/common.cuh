@@ -261,35 +261,6 @@ __device__ __forceinline__ void grid_dependency_wait() {
   allow_dependents();
 }
 
-// ---- Hand-off counters (XSERV_CUDA_HANDOFF, opt-in) --------------------------------------------
-// A consumer that needs only its producer's output can wait for the producer's blocks to say
-// they have written it, instead of for the producer grid's completion (griddepcontrol.wait). Each
-// producer block, after its last write, adds 1 to a counter with release semantics
-// (handoff_signal); the consumer's blocks wait until it reaches the producer's block count
-// (handoff_wait) and then let the next kernel launch, as grid_dependency_wait does. Safe only
-// where the consumer is launched through PDL right after the producer (so every producer block is
-// resident or done before a consumer block spins) and reads nothing the producer's predecessors
-// wrote that the producer did not itself wait for (their writes reach the consumer through the
-// same release/acquire chain). The counters are zeroed at the start of every forward.
-__device__ __forceinline__ void handoff_signal(unsigned* counter) {
-  __syncthreads();  // every thread of the block has written
-  if (threadIdx.x == 0) {
-    __threadfence();
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-  }
-}
-
-__device__ __forceinline__ void handoff_wait(const unsigned* counter, unsigned target) {
-  if (threadIdx.x == 0) {
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-    } while (v < target);
-  }
-  __syncthreads();
-  allow_dependents();
-}
-
 // Launches `kernel` with programmatic stream serialization (see above) when `pdl`, otherwise as a
 // plain launch.
 template <typename... Params, typename... Args>

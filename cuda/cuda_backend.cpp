@@ -349,20 +349,6 @@ class CudaBackend final : public Backend {
   // XSERV_CUDA_ADJACENT_WEIGHTS=0 ignores reserve_adjacent_weights (for comparisons: a stacked
   // pair may then straddle two weight chunks and run as separate GEMVs).
   bool adjacent_weights_ = true;
-  // XSERV_CUDA_HANDOFF=1 (opt-in while measured): at batch 1 the o_proj's bulk GEMV waits for
-  // the one-pass decode attention's blocks to signal their writes (handoff_signal / handoff_wait,
-  // common.cuh) instead of for the attention grid's completion. A counter a layer, zeroed by
-  // embedding() at the start of every forward; qk_attention leaves the pending hand-off for the
-  // o_proj that prefetch_next named (the op right after it), which alone takes it.
-  bool handoff_ = false;
-  static constexpr std::size_t max_handoffs = 1024;  // counters a forward (layers)
-  Buffer handoff_counters_;
-  std::size_t handoff_next_ = 0;
-  struct PendingHandoff {
-    const unsigned* counter = nullptr;
-    unsigned blocks = 0;
-    const void* consumer_weight = nullptr;  // the o_proj's weight (prefetch_next's hint)
-  } pending_handoff_;
 };
 
 CudaBackend::CudaBackend(const BackendOptions& options)
@@ -412,7 +398,6 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
-  if (const char* env = std::getenv("XSERV_CUDA_HANDOFF")) handoff_ = std::string_view(env) == "1";
   if (const char* env = std::getenv("XSERV_CUDA_ADJACENT_WEIGHTS")) adjacent_weights_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_DEVICE_BATCH")) {
     const int bits = std::atoi(env);
@@ -735,17 +720,10 @@ void CudaBackend::embedding(Tensor out, const Tensor& ids, const Tensor& table,
               ErrorCode::invalid_argument,
               "embedding: out {} ({}), ids {}, table {} ({}), pos_table {} do not fit", out.shape,
               dtype_name(dt), ids.shape, table.shape, dtype_name(table.dtype), pos_table.shape);
-  ZeroWords zero;
-  if (handoff_) {  // a forward begins: the embedding kernel zeroes its hand-off counters
-    ensure_scratch(handoff_counters_, max_handoffs * sizeof(unsigned));
-    zero = {static_cast<unsigned*>(handoff_counters_.data()), static_cast<int>(max_handoffs)};
-    handoff_next_ = 0;
-    pending_handoff_ = {};
-  }
   launch_embedding(stream_, dt, out.data, ids.as<std::int32_t>(), table.data,
                    pos_table.empty() ? nullptr : pos_table.data,
                    pos_table.empty() ? nullptr : positions.as<std::int32_t>(), out.shape[0],
-                   out.shape[1], table.shape[0], pos_table.empty() ? 0 : pos_table.shape[0], zero);
+                   out.shape[1], table.shape[0], pos_table.empty() ? 0 : pos_table.shape[0]);
 }
 
 void CudaBackend::norm(const char* op, bool rms, Tensor out, const Tensor& x, Tensor residual,
@@ -925,7 +903,6 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
                                      float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
                                      Tensor y_scratch) {
   const Tensor next_weight = std::exchange(next_weight_, Tensor{});  // the hint holds for this op only
-  const PendingHandoff handoff = std::exchange(pending_handoff_, {});
   const DType dt = x.dtype;
   const bool ranks_ok = x.shape.rank() == 2 && a.shape.rank() == 2 && w_res.shape.rank() == 2 &&
                         w.shape.rank() == 2 && out.shape.rank() == 2;
@@ -953,10 +930,6 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
     // The o_proj may also ask the gate|up's first MB into L2, the gate rows' and the up rows'
     // first (XSERV_CUDA_GEMV_L2_NEXT_MB: GemvTuning::l2_next_mb says where and why).
     GemvChain res_chain, norm_chain;
-    if (handoff.counter != nullptr && handoff.consumer_weight == w_res.data && m == 1) {
-      res_chain.wait_counter = handoff.counter;
-      res_chain.wait_target = handoff.blocks;
-    }
     if (swiglu) {
       const GemvTuning& tune = gemv_tuning();
       res_chain.trigger_early = (tune.early_trigger & 4) != 0;
@@ -1165,11 +1138,7 @@ void CudaBackend::qk_attention(Tensor out, Tensor qkv, const HeadGeometry& heads
     set_attention_splits(p.attn, qkv.dtype, batch);
     const std::int64_t ask = attention_l2_next_bytes(next_weight, batch.num_tokens);
     if (ask > 0) p.l2_next = {next_weight.data, ask};
-    const bool hand_off = handoff_ && batch.num_tokens == 1 && !next_weight.empty() &&
-                          handoff_counters_.data() != nullptr && handoff_next_ < max_handoffs;
-    if (hand_off) p.handoff = static_cast<unsigned*>(handoff_counters_.data()) + handoff_next_++;
-    const unsigned signalling = launch_qk_attention_mma(stream_, p);
-    if (signalling > 0) pending_handoff_ = {p.handoff, signalling, next_weight.data};
+    launch_qk_attention_mma(stream_, p);
     return;
   }
   // Decode without a q/k transform (GPT-2) on the register kernel (f32): the attention kernel

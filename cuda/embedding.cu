@@ -21,19 +21,11 @@
 namespace xserv::cuda {
 namespace {
 
-// The first block also zeroes `zero` (the forward's hand-off counters, CudaBackend's
-// XSERV_CUDA_HANDOFF): every later kernel of the forward runs after this one's completion.
-__device__ __forceinline__ void zero_words(ZeroWords zero) {
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < zero.count; i += blockDim.x) zero.words[i] = 0;
-}
-
 template <typename T>
 __global__ void embedding_kernel(T* out, const std::int32_t* ids, const T* table, const T* pos_table,
                                  const std::int32_t* positions, std::int64_t dim,
-                                 std::int64_t vocab, std::int64_t n_positions, ZeroWords zero) {
+                                 std::int64_t vocab, std::int64_t n_positions) {
   allow_dependents();  // a following GEMV may start loading its weights
-  zero_words(zero);
   const std::int64_t row = blockIdx.x;
   const std::int64_t id = ids[row];
   const std::int64_t pos = pos_table ? positions[row] : 0;
@@ -61,9 +53,8 @@ constexpr int embed_vec_ahead = 4;  // vectors a thread loads before it stores
 template <typename T>
 __global__ void embedding_vec_kernel(T* out, const std::int32_t* ids, const T* table, const T* pos_table,
                                      const std::int32_t* positions, std::int64_t dim, std::int64_t vocab,
-                                     std::int64_t n_positions, ZeroWords zero) {
+                                     std::int64_t n_positions) {
   allow_dependents();  // a following GEMV may start loading its weights
-  zero_words(zero);
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   const std::int64_t row = blockIdx.x;
   const std::int64_t id = ids[row];
@@ -154,7 +145,7 @@ void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
                       const void* table, const void* pos_table, const std::int32_t* positions,
                       std::int64_t rows, std::int64_t dim, std::int64_t vocab,
-                      std::int64_t n_positions, ZeroWords zero) {
+                      std::int64_t n_positions) {
   if (rows == 0) return;
   // embedding_vec_kernel unless XSERV_CUDA_EMBED_VEC=0 (read at every call).
   const char* env = std::getenv("XSERV_CUDA_EMBED_VEC");
@@ -165,11 +156,11 @@ void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32
     if (dt == DType::f32) {
       embedding_vec_kernel<float><<<rows, 256, 0, stream>>>(
           static_cast<float*>(out), ids, static_cast<const float*>(table), static_cast<const float*>(pos_table),
-          positions, dim, vocab, n_positions, zero);
+          positions, dim, vocab, n_positions);
     } else {
       embedding_vec_kernel<__nv_bfloat16><<<rows, 256, 0, stream>>>(
           static_cast<__nv_bfloat16*>(out), ids, static_cast<const __nv_bfloat16*>(table),
-          static_cast<const __nv_bfloat16*>(pos_table), positions, dim, vocab, n_positions, zero);
+          static_cast<const __nv_bfloat16*>(pos_table), positions, dim, vocab, n_positions);
     }
     XSERV_CUDA_LAUNCH_CHECK();
     return;
@@ -177,11 +168,11 @@ void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32
   if (dt == DType::f32) {
     embedding_kernel<float><<<rows, 256, 0, stream>>>(
         static_cast<float*>(out), ids, static_cast<const float*>(table),
-        static_cast<const float*>(pos_table), positions, dim, vocab, n_positions, zero);
+        static_cast<const float*>(pos_table), positions, dim, vocab, n_positions);
   } else {
     embedding_kernel<__nv_bfloat16><<<rows, 256, 0, stream>>>(
         static_cast<__nv_bfloat16*>(out), ids, static_cast<const __nv_bfloat16*>(table),
-        static_cast<const __nv_bfloat16*>(pos_table), positions, dim, vocab, n_positions, zero);
+        static_cast<const __nv_bfloat16*>(pos_table), positions, dim, vocab, n_positions);
   }
   XSERV_CUDA_LAUNCH_CHECK();
 }

@@ -17,7 +17,6 @@
 // Requires K (out_in) or N (in_out) to be a multiple of the 16-byte vector and 16-byte aligned
 // W (and a for out_in); the caller falls back to cuBLASLt otherwise.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -105,8 +104,6 @@ struct OutInArgs {
   bool early_trigger = false;   // the next kernel may launch before this one's wait (GemvTuning::early_trigger)
   const unsigned char* l2_next = nullptr;  // bulk kernel: GemvChain::l2_next
   std::int64_t l2_next_bytes = 0, l2_next_second = 0;
-  const unsigned* wait_counter = nullptr;  // bulk kernel: GemvChain::wait_counter
-  unsigned wait_target = 0;
 };
 
 // GemvTuning::evict_first: the weights are read once a step and never again before L2 has turned
@@ -600,8 +597,7 @@ __global__ void __launch_bounds__(warps * 32) gemv_bulk_kernel(const OutInArgs<T
   // read after the wait is an L2 hit. A prefetch only: if the kernel before this one writes the
   // line meanwhile, the read after the wait still sees the write (L2 holds it).
   if (p.resid_prefetch && lane == 0 && my_rows > 0 && p.beta != 0.0f) prefetch_l2(out + gw);
-  if (p.wait_counter != nullptr) handoff_wait(p.wait_counter, p.wait_target);
-  else grid_dependency_wait();
+  grid_dependency_wait();
   read_ahead(0);
   const unsigned char* act_row = reinterpret_cast<const unsigned char*>(p.a);
   if constexpr (!ActGlobal) {
@@ -680,8 +676,6 @@ bool bulk_usable() {
   return usable;
 }
 
-std::atomic<std::uint64_t> handoff_launches{0};  // gemv_handoff_launches
-
 template <typename T, typename OutT>
 void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, const GemvChain& chain) {
   OutInArgs<T> p = args;
@@ -708,9 +702,6 @@ void launch_bulk(cudaStream_t stream, const OutInArgs<T>& args, int sm_count, co
     p.l2_next_bytes = chain.l2_next_bytes & ~std::int64_t{15};
     p.l2_next_second = chain.l2_next_second;
   }
-  p.wait_counter = chain.wait_counter;
-  p.wait_target = chain.wait_target;
-  if (p.wait_counter != nullptr) handoff_launches.fetch_add(1, std::memory_order_relaxed);
   const bool pdl = gemv_pdl(std::int64_t{p.n} * p.k * static_cast<std::int64_t>(sizeof(T)), chain);
   if (act_global) launch_kernel(pdl, gemv_bulk_kernel<T, OutT, true>, dim3(blocks), dim3(warps * 32), smem, stream, p);
   else launch_kernel(pdl, gemv_bulk_kernel<T, OutT>, dim3(blocks), dim3(warps * 32), smem, stream, p);
@@ -1108,8 +1099,6 @@ __global__ void __launch_bounds__(256) read_probe_kernel(const uint4* p, std::si
 }
 
 }  // namespace
-
-std::uint64_t gemv_handoff_launches() noexcept { return handoff_launches.load(std::memory_order_relaxed); }
 
 bool gemv_launches_pdl(std::int64_t weight_bytes, const GemvChain& chain) noexcept {
   return gemv_pdl(weight_bytes, chain);

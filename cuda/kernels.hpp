@@ -31,15 +31,10 @@ bool small_kernels_pdl() noexcept;
 std::int64_t pdl_gemv_max_bytes() noexcept;
 
 // embedding.cu
-// Words the embedding kernel zeroes as well (the forward's hand-off counters; none by default).
-struct ZeroWords {
-  unsigned* words = nullptr;
-  int count = 0;
-};
 void launch_embedding(cudaStream_t stream, DType dt, void* out, const std::int32_t* ids,
                       const void* table, const void* pos_table, const std::int32_t* positions,
                       std::int64_t rows, std::int64_t dim, std::int64_t vocab,
-                      std::int64_t n_positions, ZeroWords zero = {});
+                      std::int64_t n_positions);
 // tokens[i] < 0 becomes sampled[-tokens[i] - 1] (an overlapped step's inputs; one block).
 void launch_resolve_tokens(cudaStream_t stream, std::int32_t* tokens, std::int64_t n,
                            const std::int32_t* sampled);
@@ -121,14 +116,7 @@ struct GemvChain {
   // Only if this GEMV's blocks hold their whole weight in their rings before the wait (so that
   // after it DRAM idles through the products): the default rule of GemvTuning::l2_next_mb.
   bool l2_next_if_held = false;
-  // The bulk GEMV waits for this hand-off counter to reach wait_target instead of for the
-  // previous kernel's completion (handoff_wait in common.cuh; CudaBackend::qk_attention's
-  // producer). Other GEMV kernels ignore it and wait as always.
-  const unsigned* wait_counter = nullptr;
-  unsigned wait_target = 0;
 };
-// Bulk GEMV launches so far that wait on a hand-off counter (GemvChain::wait_counter; for tests).
-std::uint64_t gemv_handoff_launches() noexcept;
 // Whether a one-row GEMV of weight_bytes launches with programmatic dependent launch under chain.
 bool gemv_launches_pdl(std::int64_t weight_bytes, const GemvChain& chain = {}) noexcept;
 void launch_gemv(cudaStream_t stream, DType dt, DType out_dt, bool in_out, void* out,
@@ -416,10 +404,6 @@ struct QkAttentionParams {
   // (attention_decode_short_kernel) after its wait, while its own work leaves DRAM idle. Other
   // kernels ignore it. Set by CudaBackend::qk_attention from Backend::prefetch_next.
   L2Prefetch l2_next;
-  // A hand-off counter the one-pass short-context kernel's blocks signal after their last write
-  // (handoff_signal, common.cuh); other kernels ignore it. Set by CudaBackend::qk_attention under
-  // XSERV_CUDA_HANDOFF.
-  unsigned* handoff = nullptr;
 };
 // attention_decode.cu: the bf16 mma decode kernel with the prologue folded in (each block
 // transforms its q heads, the block of the row's own key writes k and v to the cache first), for
@@ -433,8 +417,7 @@ struct QkAttentionParams {
 bool qk_attention_mma_supported(DType dt, std::int32_t head_dim, std::int32_t group,
                                 std::int32_t max_query_len, std::int64_t rows_x_kv_heads,
                                 std::int32_t context_bucket, int sm_count) noexcept;
-// Returns the blocks that signal p.handoff (0: the kernel chosen does not signal it).
-unsigned launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
+void launch_qk_attention_mma(cudaStream_t stream, const QkAttentionParams& p);
 
 // sampling.cu
 struct SamplingRowParams {
