@@ -5,7 +5,8 @@
 # linkage inside its extern "C" block; only the shared library's export list was checked then).
 # Weak and unique symbols (inline functions, template instances) merge and are not checked; nvcc's
 # host stubs of kernels in xserv's anonymous namespaces (__device_stub__ followed by the kernel's
-# mangled name, which holds a hash of its file) are global but cannot meet a host's name.
+# mangled name, which holds a hash of its file) and AddressSanitizer's ODR indicators of xserv's
+# globals (__odr_asan. followed by the global's name) are global but cannot meet a host's name.
 # Usage: cmake -DNM=nm -DOBJECTS="a.o|libb.a" -P check_static_symbols.cmake
 cmake_minimum_required(VERSION 3.25)
 set(bad "")
@@ -28,6 +29,7 @@ foreach(object IN LISTS OBJECTS)
     set(name "${CMAKE_MATCH_2}")
     math(EXPR n "${n} + 1")
     if(name MATCHES "^xserv_" OR name MATCHES "^xserv::" OR name MATCHES "^__device_stub__Z[A-Z]*N5xserv" OR
+       name MATCHES "^__odr_asan(_gen_|\\.)(xserv_|_Z[A-Z]*N5xserv)" OR
        name MATCHES "^(vtable|typeinfo|typeinfo name|guard variable|VTT|construction vtable|non-virtual thunk to|virtual thunk to) for xserv::")
       continue()
     endif()
