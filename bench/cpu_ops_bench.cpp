@@ -125,13 +125,20 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-// Decode attention: one row per sequence over a context of `ctx` tokens, GPT-2 heads (12 x 64).
+// Decode attention: one row per sequence over a context of `ctx` tokens; heads of GPT-2 (12 x 64,
+// f32 cache) or, with qwen = 1, of Qwen3-0.6B (16 q and 8 kv heads of 128) with the cache in f32
+// or (kv_bf16 = 1) bf16 (XSERV_CPU_KV=bf16's cache). Args: seqs, ctx, qwen, kv_bf16.
 void BM_attention_decode(benchmark::State& state) {
   const std::int32_t seqs = static_cast<std::int32_t>(state.range(0));
   const std::int32_t ctx = static_cast<std::int32_t>(state.range(1));
-  const HeadGeometry heads{12, 12, 64};
+  const bool qwen = state.range(2) != 0, bf16 = state.range(3) != 0;
+  const HeadGeometry heads = qwen ? HeadGeometry{16, 8, 128} : HeadGeometry{12, 12, 64};
+  const std::int64_t kv_row = std::int64_t{heads.n_kv_heads} * heads.head_dim;
+  const std::int64_t q_width = std::int64_t{heads.n_q_heads} * heads.head_dim;
   const std::int32_t bs = 16, per_seq = (ctx + bs - 1) / bs, blocks = seqs * per_seq;
-  std::vector<float> kc(static_cast<std::size_t>(blocks) * bs * 12 * 64, 0.01f), vc(kc.size(), 0.02f);
+  const std::size_t elems = static_cast<std::size_t>(blocks) * bs * kv_row;
+  std::vector<float> kc(elems, 0.01f), vc(elems, 0.02f);
+  std::vector<std::uint16_t> kh(elems, f32_to_bf16(0.01f)), vh(elems, f32_to_bf16(0.02f));
   ForwardBatch b;
   for (std::int32_t s = 0; s < seqs; ++s) {
     b.token_ids.push_back(0);
@@ -144,21 +151,26 @@ void BM_attention_decode(benchmark::State& state) {
   b.query_start.push_back(seqs);
   b.max_blocks_per_seq = per_seq;
   std::vector<float> qkv(static_cast<std::size_t>(seqs * heads.qkv_width()), 0.1f);
-  std::vector<float> out(static_cast<std::size_t>(seqs) * 768);
+  std::vector<float> out(static_cast<std::size_t>(seqs * q_width));
   auto& be = backend(true);
   const DeviceBatch db = be.upload_batch(b);
-  const Shape cs{blocks, bs, 12, 64};
-  const KvLayer cache{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  const Shape cs{blocks, bs, heads.n_kv_heads, heads.head_dim};
+  const KvLayer cache = bf16 ? KvLayer{Tensor(kh.data(), DType::bf16, cs), Tensor(vh.data(), DType::bf16, cs)}
+                             : KvLayer{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
   for (auto _ : state) {
-    be.attention(Tensor(out.data(), DType::f32, {seqs, 768}),
-                 Tensor(qkv.data(), DType::f32, {seqs, heads.qkv_width()}), heads, db, cache, 0.125f);
+    be.attention(Tensor(out.data(), DType::f32, {seqs, q_width}),
+                 Tensor(qkv.data(), DType::f32, {seqs, heads.qkv_width()}), heads, db, cache,
+                 1.0f / std::sqrt(static_cast<float>(heads.head_dim)));
     benchmark::DoNotOptimize(out.data());
   }
-  const double kv_bytes = 2.0 * seqs * ctx * 768 * 4;
+  const double kv_bytes = 2.0 * seqs * ctx * static_cast<double>(kv_row) * (bf16 ? 2 : 4);
   state.counters["kv_GB/s"] =
       benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_attention_decode)->Args({1, 1024})->Args({8, 512})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_attention_decode)
+    ->Args({1, 1024, 0, 0})->Args({8, 512, 0, 0})
+    ->Args({1, 2048, 1, 0})->Args({1, 2048, 1, 1})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Prefill attention: one sequence of `rows` new tokens attending causally to themselves (the
 // cache holds their K/V), GPT-2 heads (12 x 64); GFLOP/s counts QK and PV of every (row, key).

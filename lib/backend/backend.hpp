@@ -117,6 +117,10 @@ class Backend {
   virtual std::string name() const = 0;
   // Activation dtype for a model whose weights are `weights` (CPU: always f32).
   virtual DType activation_dtype(DType weights) const noexcept = 0;
+  // The K/V cache's dtype for such a model: the activation dtype, unless the backend keeps the
+  // cache narrower (CPU with XSERV_CPU_KV=bf16: bf16 for 16-bit weights, half the bytes each
+  // decode step's attention reads).
+  virtual DType kv_dtype(DType weights) const noexcept { return activation_dtype(weights); }
 
   // ---- memory --------------------------------------------------------------------------
   virtual Allocator& allocator() noexcept = 0;

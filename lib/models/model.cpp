@@ -163,7 +163,7 @@ void Model::check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tok
 }
 
 kv::KvSpec Model::kv_spec() const noexcept {
-  return kv::KvSpec{config_.num_layers, shard_.kv_heads, config_.head_dim, activation_dtype()};
+  return kv::KvSpec{config_.num_layers, shard_.kv_heads, config_.head_dim, backend_.kv_dtype(weight_dtype_)};
 }
 
 void Model::set_limits(const ModelOptions& options) {

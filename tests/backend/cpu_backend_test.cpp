@@ -853,6 +853,61 @@ TEST_CASE("cpu paged attention matches a naive causal reference", "[cpu]") {
   }
 }
 
+// XSERV_CPU_KV=bf16's cache: the kernels widen each bf16 element exactly to f32, so attention over
+// a bf16 cache gives the bits of attention over an f32 cache holding the same (rounded) values,
+// for every kernel table and head shape of whole registers (head_dim 7 and 33, which take the
+// scalar tails, within 1e-6); and
+// qk_transform_store writes each K/V element rounded to nearest even. A cache of mixed dtypes
+// is refused.
+TEST_CASE("cpu attention over a bf16 cache equals the f32 cache of the same values", "[cpu]") {
+  std::mt19937 rng(17);
+  const HeadGeometry geoms[] = {{16, 8, 128}, {4, 2, 64}, {8, 2, 33}, {4, 1, 7}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> seqs = {{37, 37}, {1, 1}, {70, 1}, {23, 6}};
+  for (auto& be : every_backend()) {
+    for (const auto& geom : geoms) {
+      INFO(be->name() << " heads " << geom.n_q_heads << "/" << geom.n_kv_heads << " d " << geom.head_dim);
+      auto c = make_paged(rng, geom, 16, seqs);
+      std::vector<std::uint16_t> kh(c.k_cache.size()), vh(c.v_cache.size());
+      for (std::size_t i = 0; i < kh.size(); ++i) {
+        kh[i] = f32_to_bf16(c.k_cache[i]);
+        vh[i] = f32_to_bf16(c.v_cache[i]);
+        c.k_cache[i] = bf16_to_f32(kh[i]);
+        c.v_cache[i] = bf16_to_f32(vh[i]);
+      }
+      const Shape cs{c.num_blocks, c.block_size, geom.n_kv_heads, geom.head_dim};
+      const KvLayer bf16_cache{Tensor(kh.data(), DType::bf16, cs), Tensor(vh.data(), DType::bf16, cs)};
+      const std::int64_t t = c.batch.num_tokens(), q_width = std::int64_t{geom.n_q_heads} * geom.head_dim;
+      const DeviceBatch db = be->upload_batch(c.batch);
+      std::vector<float> want(static_cast<std::size_t>(t * q_width), NAN), got(want.size(), NAN);
+      be->attention(view(want, {t, q_width}), view(c.qkv, {t, geom.qkv_width()}), geom, db, c.cache(), 0.3f);
+      be->attention(view(got, {t, q_width}), view(c.qkv, {t, geom.qkv_width()}), geom, db, bf16_cache, 0.3f);
+      if (geom.head_dim % 16 == 0) {
+        REQUIRE(got == want);
+      } else {
+        // Past the last whole register the scalar tails may fuse a multiply-add differently in
+        // the two instantiations (AVX2, head_dim 33: 174 of 11880 values 1 ulp apart).
+        for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Approx(want[i]).margin(1e-6));
+      }
+
+      // The transform's store: the same rows into an f32 and a bf16 cache.
+      QkTransform tr;
+      tr.rope = geom.head_dim % 2 == 0;
+      auto row_f32 = c.qkv, row_bf16 = c.qkv;
+      be->qk_transform_store(view(row_f32, {t, geom.qkv_width()}), geom, tr, db, c.cache());
+      be->qk_transform_store(view(row_bf16, {t, geom.qkv_width()}), geom, tr, db, bf16_cache);
+      REQUIRE(row_bf16 == row_f32);  // q, k and v as transformed, whatever the cache
+      for (std::size_t i = 0; i < kh.size(); ++i) {
+        REQUIRE(kh[i] == f32_to_bf16(c.k_cache[i]));
+        REQUIRE(vh[i] == f32_to_bf16(c.v_cache[i]));
+      }
+      const KvLayer mixed{c.cache().k, bf16_cache.v};
+      REQUIRE_THROWS_AS(be->attention(view(got, {t, q_width}), view(c.qkv, {t, geom.qkv_width()}), geom,
+                                      db, mixed, 0.3f),
+                        Error);
+    }
+  }
+}
+
 TEST_CASE("cpu attention rejects block tables and positions outside the cache", "[cpu]") {
   std::mt19937 rng(6);
   CpuBackend be(BackendOptions{2, 0});

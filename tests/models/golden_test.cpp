@@ -115,6 +115,21 @@ TEST_CASE(
   check_golden(d, d, 2e-2f, false);
 }
 
+// XSERV_CPU_KV=bf16 keeps the K/V cache of a 16-bit model in bf16, as transformers' own bf16 run
+// keeps it: against the f32 reference the logits move by that rounding, so the bound is the AMX
+// case's 2%, and the continuations are not compared.
+TEST_CASE("tiny-qwen3-bf16 with a bf16 K/V cache stays within bf16 rounding of transformers",
+          "[models][golden]") {
+  const test::ScopedEnv env("XSERV_CPU_KV", "bf16");
+  const std::string d = XSERV_TEST_DATA_DIR "/models/tiny-qwen3-bf16";
+  {
+    auto backend = make_backend(DeviceKind::cpu, {2, 0});
+    auto model = Model::load(d, *backend, {});
+    REQUIRE(model->kv_spec().dtype == DType::bf16);
+  }
+  check_golden(d, d, 2e-2f, false);
+}
+
 TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golden]") {
   check_golden(XSERV_SOURCE_DIR "/examples/models/shakespeare",
                XSERV_TEST_DATA_DIR "/models/shakespeare");

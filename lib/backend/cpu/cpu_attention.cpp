@@ -26,9 +26,11 @@ void check_geometry(const char* op, const HeadGeometry& h) {
               h.n_kv_heads, h.head_dim);
 }
 
+// The cache holds f32 or bf16 (CpuBackend::kv_dtype), K and V alike.
 void check_cache(const char* op, const HeadGeometry& h, const KvLayer& c) {
-  check_dtype(op, "cache.k", c.k, DType::f32);
-  check_dtype(op, "cache.v", c.v, DType::f32);
+  XSERV_CHECK((c.k.dtype == DType::f32 || c.k.dtype == DType::bf16) && c.v.dtype == c.k.dtype,
+              ErrorCode::invalid_argument, "{}: cache k ({}) and v ({}) must both be f32 or bf16", op,
+              dtype_name(c.k.dtype), dtype_name(c.v.dtype));
   XSERV_CHECK(c.k.shape.rank() == 4 && c.k.shape == c.v.shape && c.k.shape[2] == h.n_kv_heads &&
                   c.k.shape[3] == h.head_dim && c.k.shape[1] > 0,
               ErrorCode::invalid_argument,
@@ -160,8 +162,17 @@ void CpuBackend::qk_transform_store(Tensor qkv, const HeadGeometry& heads, const
       }
       const float* k = row + static_cast<std::int64_t>(heads.n_q_heads) * d;
       const std::int64_t at = static_cast<std::int64_t>(slot[r]) * kv_row;
-      std::copy(k, k + kv_row, cache.k.as<float>() + at);
-      std::copy(k + kv_row, k + 2 * kv_row, cache.v.as<float>() + at);
+      if (cache.k.dtype == DType::bf16) {  // rounded to nearest even, as a bf16 model's own cache
+        auto* kc = cache.k.as<std::uint16_t>() + at;
+        auto* vc = cache.v.as<std::uint16_t>() + at;
+        for (std::int64_t i = 0; i < kv_row; ++i) {
+          kc[i] = f32_to_bf16(k[i]);
+          vc[i] = f32_to_bf16(k[kv_row + i]);
+        }
+      } else {
+        std::copy(k, k + kv_row, cache.k.as<float>() + at);
+        std::copy(k + kv_row, k + 2 * kv_row, cache.v.as<float>() + at);
+      }
     }
   }, 4);
 }
@@ -220,7 +231,7 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   // context of a small model (tens of KB) runs faster on the calling thread than handed off.
   std::int64_t keys = 0;
   for (std::int64_t t = 0; t < t_count; ++t) keys += pos[t] + 1;
-  const std::int64_t kv_bytes = keys * 2 * heads.n_kv_heads * d * std::int64_t{sizeof(float)};
+  const std::int64_t kv_bytes = keys * 2 * heads.n_kv_heads * d * static_cast<std::int64_t>(dtype_size(cache.k.dtype));
   const auto workers = std::clamp<std::int64_t>(kv_bytes / min_parallel_bytes(), 1,
                                                 static_cast<std::int64_t>(pool_.size()));
   // Row blocks: up to 4 rows of one sequence at consecutive positions (a prefill), which read
@@ -258,8 +269,10 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     at.out_row_stride = q_width;
     at.block_table = tables + s * max_blocks;
     at.block_size = bs;
-    at.k_cache = cache.k.as<const float>() + h * d;
-    at.v_cache = cache.v.as<const float>() + h * d;
+    at.kv_dtype = cache.k.dtype;
+    const std::int64_t head_offset = h * d * static_cast<std::int64_t>(dtype_size(cache.k.dtype));
+    at.k_cache = static_cast<const char*>(cache.k.data) + head_offset;
+    at.v_cache = static_cast<const char*>(cache.v.data) + head_offset;
     at.slot_stride = heads.n_kv_heads * d;
     at.scale = scale;
     at.prefetch_blocks = attention_prefetch_blocks();

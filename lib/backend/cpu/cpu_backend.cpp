@@ -69,6 +69,16 @@ std::int64_t min_parallel_bytes() {
 
 namespace {
 
+// XSERV_CPU_KV: "bf16" keeps the K/V cache of 16-bit models in bf16 (CpuBackend::kv_dtype);
+// unset or "f32", f32. Read by every backend constructed (tests set it per backend).
+bool kv_bf16_mode() {
+  const char* v = std::getenv("XSERV_CPU_KV");
+  if (v == nullptr || std::string_view(v) == "f32") return false;
+  XSERV_CHECK(std::string_view(v) == "bf16", ErrorCode::invalid_argument,
+              "XSERV_CPU_KV must be f32 or bf16, not '{}'", v);
+  return true;
+}
+
 // XSERV_CPU_AMX: unset or 1, the AMX bf16 prefill GEMM where amx_bf16_usable(); 0, never;
 // "emulate", its loops with the tiles emulated in scalar code on any CPU (slow: tests only).
 // Read by every backend constructed (tests set it per backend).
@@ -89,6 +99,7 @@ CpuBackend::CpuBackend(const BackendOptions& options, const KernelTable* kernels
       // par with it and the generic one slower, so OpenBLAS keeps f32 prefill there.
       use_blas_(use_blas && std::string_view(kernels_->isa) != "avx512"),
       amx_(amx_mode()),
+      kv_bf16_(kv_bf16_mode()),
       decode_spin_us_(decode_spin_us()),
       prefill_spin_us_(prefill_spin_us(decode_spin_us_)),
       idle_spin_us_(pool_.spin_us()) {

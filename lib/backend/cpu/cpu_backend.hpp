@@ -30,6 +30,12 @@ class CpuBackend final : public Backend {
   Device device() const noexcept override { return Device{DeviceKind::cpu, 0}; }
   std::string name() const override;
   DType activation_dtype(DType) const noexcept override { return DType::f32; }
+  // f32, or with XSERV_CPU_KV=bf16 (read when the backend is made) bf16 for bf16 and f16 weights:
+  // K and V rounded to bf16 as a bf16 model's own cache holds them, half the cache's memory and
+  // half the bytes a decode step's attention reads (the step's largest item at long contexts).
+  DType kv_dtype(DType weights) const noexcept override {
+    return kv_bf16_ && (weights == DType::bf16 || weights == DType::f16) ? DType::bf16 : DType::f32;
+  }
 
   Allocator& allocator() noexcept override;
   Tensor import_weight(const Tensor& host) override;
@@ -95,6 +101,7 @@ class CpuBackend final : public Backend {
   // it off), 2 emulated (XSERV_CPU_AMX=emulate: tests).
   int amx_;
   std::vector<std::uint16_t> amx_a_;
+  bool kv_bf16_;  // XSERV_CPU_KV=bf16: kv_dtype
   // qk_transform_store's RoPE tables: inv_freq for (rope_theta_, rope_d_), and the cos | sin of
   // position rope_pos_ (the last one-row call's; -1: none).
   float rope_theta_ = 0.0f;

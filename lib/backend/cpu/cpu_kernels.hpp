@@ -81,9 +81,11 @@ struct AttentionTask {
   std::int64_t q_row_stride = 0, out_row_stride = 0;
   const std::int32_t* block_table = nullptr;  // the sequence's blocks
   std::int32_t block_size = 0;
-  const float* k_cache = nullptr;  // points at the first kv head of slot 0
-  const float* v_cache = nullptr;
-  std::int64_t slot_stride = 0;  // floats between consecutive slots (n_kv_heads * head_dim)
+  // The cache: f32, or bf16 (CpuBackend::kv_dtype; read through exact widening to f32).
+  DType kv_dtype = DType::f32;
+  const void* k_cache = nullptr;  // points at the first kv head of slot 0
+  const void* v_cache = nullptr;
+  std::int64_t slot_stride = 0;  // elements between consecutive slots (n_kv_heads * head_dim)
   float scale = 1.0f;
   // One-row tasks (decode) prefetch the K and V rows of their heads this many cache blocks ahead
   // into L2 (0: none; XSERV_CPU_ATTN_PREFETCH): between two tokens every weight streams through
