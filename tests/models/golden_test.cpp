@@ -115,9 +115,10 @@ TEST_CASE(
   check_golden(d, d, 2e-2f, false);
 }
 
-// XSERV_CPU_KV=bf16 keeps the K/V cache of a 16-bit model in bf16, as transformers' own bf16 run
+// XSERV_CPU_KV=bf16 keeps the K/V cache of a bf16 model in bf16, as transformers' own bf16 run
 // keeps it: against the f32 reference the logits move by that rounding, so the bound is the AMX
-// case's 2%, and the continuations are not compared.
+// case's 2%, and the continuations are not compared. f32 and f16 models keep f32, and a value
+// other than f32 or bf16 is refused when the backend is made.
 TEST_CASE("tiny-qwen3-bf16 with a bf16 K/V cache stays within bf16 rounding of transformers",
           "[models][golden]") {
   const test::ScopedEnv env("XSERV_CPU_KV", "bf16");
@@ -126,8 +127,12 @@ TEST_CASE("tiny-qwen3-bf16 with a bf16 K/V cache stays within bf16 rounding of t
     auto backend = make_backend(DeviceKind::cpu, {2, 0});
     auto model = Model::load(d, *backend, {});
     REQUIRE(model->kv_spec().dtype == DType::bf16);
+    for (const char* other : {XSERV_TEST_DATA_DIR "/models/tiny-qwen3", XSERV_SOURCE_DIR "/examples/models/shakespeare"})
+      CHECK(Model::load(other, *backend, {})->kv_spec().dtype == DType::f32);  // f32, f16 weights
   }
   check_golden(d, d, 2e-2f, false);
+  const test::ScopedEnv bad("XSERV_CPU_KV", "f16");
+  REQUIRE_THROWS_WITH(make_backend(DeviceKind::cpu, {2, 0}), Catch::Contains("XSERV_CPU_KV must be f32 or bf16"));
 }
 
 TEST_CASE("the embedded Shakespeare model matches transformers", "[models][golden]") {

@@ -69,7 +69,7 @@ std::int64_t min_parallel_bytes() {
 
 namespace {
 
-// XSERV_CPU_KV: "bf16" keeps the K/V cache of 16-bit models in bf16 (CpuBackend::kv_dtype);
+// XSERV_CPU_KV: "bf16" keeps the K/V cache of bf16 models in bf16 (CpuBackend::kv_dtype);
 // unset or "f32", f32. Read by every backend constructed (tests set it per backend).
 bool kv_bf16_mode() {
   const char* v = std::getenv("XSERV_CPU_KV");

@@ -30,11 +30,12 @@ class CpuBackend final : public Backend {
   Device device() const noexcept override { return Device{DeviceKind::cpu, 0}; }
   std::string name() const override;
   DType activation_dtype(DType) const noexcept override { return DType::f32; }
-  // f32, or with XSERV_CPU_KV=bf16 (read when the backend is made) bf16 for bf16 and f16 weights:
-  // K and V rounded to bf16 as a bf16 model's own cache holds them, half the cache's memory and
-  // half the bytes a decode step's attention reads (the step's largest item at long contexts).
+  // f32, or with XSERV_CPU_KV=bf16 (read when the backend is made) bf16 for bf16 weights: K and V
+  // rounded to bf16 as the model's own bf16 cache holds them, half the cache's memory and half the
+  // bytes a decode step's attention reads (the step's largest item at long contexts). f16 models
+  // keep f32: their own cache is f16, a rounding bf16 would not reproduce.
   DType kv_dtype(DType weights) const noexcept override {
-    return kv_bf16_ && (weights == DType::bf16 || weights == DType::f16) ? DType::bf16 : DType::f32;
+    return kv_bf16_ && weights == DType::bf16 ? DType::bf16 : DType::f32;
   }
 
   Allocator& allocator() noexcept override;
