@@ -125,20 +125,33 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_gemm)->Apply(gemm_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-// Decode attention: one row per sequence over a context of `ctx` tokens; heads of GPT-2 (12 x 64,
-// f32 cache) or, with qwen = 1, of Qwen3-0.6B (16 q and 8 kv heads of 128) with the cache in f32
-// or (kv_bf16 = 1) bf16 (XSERV_CPU_KV=bf16's cache). Args: seqs, ctx, qwen, kv_bf16.
+// Decode attention: one row per sequence over a context of `ctx` tokens; heads of GPT-2 (12 x 64),
+// Qwen3-0.6B / 1.7B (16 q and 8 kv heads of 128: GQA groups of 2) or Qwen3-8B (32 q, 8 kv:
+// groups of 4), with the cache in f32 or (kv_bf16 = 1) bf16 (XSERV_CPU_KV=bf16's cache), for
+// `layers` layers' caches in turn, as a decode step reads them: one layer's cache (a few MB)
+// stays in the last-level cache from one iteration to the next, 28 do not (Qwen3-0.6B's 28 at
+// 2048 tokens are 235 MB in bf16), so the per-layer figure of 28 is the one a step sees.
+// Args: seqs, ctx, heads (0, 1, 2 as listed), kv_bf16, layers.
 void BM_attention_decode(benchmark::State& state) {
   const std::int32_t seqs = static_cast<std::int32_t>(state.range(0));
   const std::int32_t ctx = static_cast<std::int32_t>(state.range(1));
-  const bool qwen = state.range(2) != 0, bf16 = state.range(3) != 0;
-  const HeadGeometry heads = qwen ? HeadGeometry{16, 8, 128} : HeadGeometry{12, 12, 64};
+  const std::int64_t kind = state.range(2);
+  const bool bf16 = state.range(3) != 0;
+  const auto layers = static_cast<std::size_t>(state.range(4));
+  const HeadGeometry heads = kind == 2   ? HeadGeometry{32, 8, 128}
+                             : kind == 1 ? HeadGeometry{16, 8, 128}
+                                         : HeadGeometry{12, 12, 64};
   const std::int64_t kv_row = std::int64_t{heads.n_kv_heads} * heads.head_dim;
   const std::int64_t q_width = std::int64_t{heads.n_q_heads} * heads.head_dim;
   const std::int32_t bs = 16, per_seq = (ctx + bs - 1) / bs, blocks = seqs * per_seq;
   const std::size_t elems = static_cast<std::size_t>(blocks) * bs * kv_row;
-  std::vector<float> kc(elems, 0.01f), vc(elems, 0.02f);
-  std::vector<std::uint16_t> kh(elems, f32_to_bf16(0.01f)), vh(elems, f32_to_bf16(0.02f));
+  // Each layer's K and V (f32 or bf16 bits) in one buffer of 4-byte words.
+  const std::size_t words = bf16 ? (elems + 1) / 2 : elems;
+  std::vector<std::vector<float>> kc(layers), vc(layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    kc[l].assign(words, 0.01f);  // as bf16 pairs: small normal values as well
+    vc[l].assign(words, 0.02f);
+  }
   ForwardBatch b;
   for (std::int32_t s = 0; s < seqs; ++s) {
     b.token_ids.push_back(0);
@@ -155,21 +168,25 @@ void BM_attention_decode(benchmark::State& state) {
   auto& be = backend(true);
   const DeviceBatch db = be.upload_batch(b);
   const Shape cs{blocks, bs, heads.n_kv_heads, heads.head_dim};
-  const KvLayer cache = bf16 ? KvLayer{Tensor(kh.data(), DType::bf16, cs), Tensor(vh.data(), DType::bf16, cs)}
-                             : KvLayer{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  const DType dt = bf16 ? DType::bf16 : DType::f32;
   for (auto _ : state) {
-    be.attention(Tensor(out.data(), DType::f32, {seqs, q_width}),
-                 Tensor(qkv.data(), DType::f32, {seqs, heads.qkv_width()}), heads, db, cache,
-                 1.0f / std::sqrt(static_cast<float>(heads.head_dim)));
+    for (std::size_t l = 0; l < layers; ++l)
+      be.attention(Tensor(out.data(), DType::f32, {seqs, q_width}),
+                   Tensor(qkv.data(), DType::f32, {seqs, heads.qkv_width()}), heads, db,
+                   KvLayer{Tensor(kc[l].data(), dt, cs), Tensor(vc[l].data(), dt, cs)},
+                   1.0f / std::sqrt(static_cast<float>(heads.head_dim)));
     benchmark::DoNotOptimize(out.data());
   }
-  const double kv_bytes = 2.0 * seqs * ctx * static_cast<double>(kv_row) * (bf16 ? 2 : 4);
+  const double kv_bytes = 2.0 * static_cast<double>(layers) * seqs * ctx * static_cast<double>(kv_row) * (bf16 ? 2 : 4);
   state.counters["kv_GB/s"] =
       benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["us_per_layer"] = benchmark::Counter(
+      static_cast<double>(layers), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_attention_decode)
-    ->Args({1, 1024, 0, 0})->Args({8, 512, 0, 0})
-    ->Args({1, 2048, 1, 0})->Args({1, 2048, 1, 1})
+    ->Args({1, 1024, 0, 0, 1})->Args({8, 512, 0, 0, 1})
+    ->Args({1, 2048, 1, 0, 1})->Args({1, 2048, 1, 1, 1})->Args({1, 2048, 2, 1, 1})
+    ->Args({1, 2048, 1, 0, 28})->Args({1, 2048, 1, 1, 28})->Args({1, 2048, 2, 1, 28})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Prefill attention: one sequence of `rows` new tokens attending causally to themselves (the

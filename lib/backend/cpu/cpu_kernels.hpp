@@ -103,7 +103,7 @@ inline std::int64_t attention_scores_stride(std::int32_t block_size) noexcept {
 }
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
   return static_cast<std::int64_t>(t.rows) * t.group * t.kv_heads *
-         (t.head_dim + attention_scores_stride(t.block_size) + 2);
+         (t.head_dim + attention_scores_stride(t.block_size) + 3);
 }
 
 struct KernelTable {
