@@ -800,6 +800,41 @@ PagedCase make_paged(std::mt19937& rng, HeadGeometry heads, std::int32_t block_s
   return c;
 }
 
+// Causal attention of every row of c in double: the row at position p over keys 0..p.
+std::vector<double> naive_attention(const PagedCase& c, float scale) {
+  const HeadGeometry& geom = c.heads;
+  const std::int64_t t = c.batch.num_tokens(), d = geom.head_dim;
+  std::vector<double> want(static_cast<std::size_t>(t * geom.n_q_heads * d));
+  const std::int32_t group = geom.n_q_heads / geom.n_kv_heads;
+  for (std::int64_t r = 0; r < t; ++r) {
+    const auto s = static_cast<std::size_t>(c.row_seq[static_cast<std::size_t>(r)]);
+    const std::int32_t p = c.batch.positions[static_cast<std::size_t>(r)];
+    for (std::int32_t h = 0; h < geom.n_q_heads; ++h) {
+      const float* q = c.qkv.data() + r * geom.qkv_width() + h * d;
+      const std::int32_t kvh = h / group;
+      std::vector<double> sc(static_cast<std::size_t>(p + 1));
+      double mx = -1e300;
+      for (std::int32_t j = 0; j <= p; ++j) {
+        const float* k = c.ref_k[s].data() + (j * geom.n_kv_heads + kvh) * d;
+        double dot = 0.0;
+        for (std::int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+        sc[static_cast<std::size_t>(j)] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      double sum = 0.0;
+      for (auto& e : sc) sum += (e = std::exp(e - mx));
+      for (std::int64_t i = 0; i < d; ++i) {
+        double acc = 0.0;
+        for (std::int32_t j = 0; j <= p; ++j)
+          acc += sc[static_cast<std::size_t>(j)] *
+                 c.ref_v[s][static_cast<std::size_t>((j * geom.n_kv_heads + kvh) * d + i)];
+        want[static_cast<std::size_t>(r * geom.n_q_heads * d + h * d + i)] = acc / sum;
+      }
+    }
+  }
+  return want;
+}
+
 }  // namespace
 
 // GQA groups of 1, 2, 3, 4 and 8 q heads: a decode row's kernel takes 4 (AVX-512) or 2 heads of a
@@ -821,37 +856,62 @@ TEST_CASE("cpu paged attention matches a naive causal reference", "[cpu]") {
         const DeviceBatch db = be->upload_batch(c.batch);
         be->attention(view(out, {t, geom.n_q_heads * d}), view(c.qkv, {t, geom.qkv_width()}),
                       geom, db, c.cache(), scale);
-        std::vector<double> want(out.size());
-        const std::int32_t group = geom.n_q_heads / geom.n_kv_heads;
-        for (std::int64_t r = 0; r < t; ++r) {
-          const auto s = static_cast<std::size_t>(c.row_seq[static_cast<std::size_t>(r)]);
-          const std::int32_t p = c.batch.positions[static_cast<std::size_t>(r)];
-          for (std::int32_t h = 0; h < geom.n_q_heads; ++h) {
-            const float* q = c.qkv.data() + r * geom.qkv_width() + h * d;
-            const std::int32_t kvh = h / group;
-            std::vector<double> sc(static_cast<std::size_t>(p + 1));
-            double mx = -1e300;
-            for (std::int32_t j = 0; j <= p; ++j) {
-              const float* k = c.ref_k[s].data() + (j * geom.n_kv_heads + kvh) * d;
-              double dot = 0.0;
-              for (std::int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
-              sc[static_cast<std::size_t>(j)] = dot * scale;
-              mx = std::max(mx, dot * scale);
-            }
-            double sum = 0.0;
-            for (auto& e : sc) sum += (e = std::exp(e - mx));
-            for (std::int64_t i = 0; i < d; ++i) {
-              double acc = 0.0;
-              for (std::int32_t j = 0; j <= p; ++j)
-                acc += sc[static_cast<std::size_t>(j)] *
-                       c.ref_v[s][static_cast<std::size_t>((j * geom.n_kv_heads + kvh) * d + i)];
-              want[static_cast<std::size_t>(r * geom.n_q_heads * d + h * d + i)] = acc / sum;
-            }
-          }
-        }
+        const std::vector<double> want = naive_attention(c, scale);
         require_close(out, want, 2e-6, 1e-5);
       }
     }
+  }
+}
+
+// Decode rows past 512 keys (attention_part_keys) run as key parts merged after: within the
+// naive reference's tolerance, and a row's bits do not depend on the rows decoded beside it or
+// on the thread count (the parts follow its key count alone).
+TEST_CASE("cpu decode attention over long contexts in key parts", "[cpu]") {
+  std::mt19937 rng(9);
+  const HeadGeometry geoms[] = {{16, 8, 64}, {8, 2, 33}, {4, 4, 16}};
+  const std::vector<std::pair<std::int32_t, std::int32_t>> seqs = {
+      {1100, 1}, {512, 1}, {513, 1}, {700, 3}, {2049, 1}};
+  for (const auto& geom : geoms) {
+    auto c = make_paged(rng, geom, 16, seqs);
+    // Scaled up so that the parts' maxima differ and the merge's rescale matters.
+    for (auto& x : c.qkv) x *= 4.0f;
+    const std::int64_t t = c.batch.num_tokens(), q_width = std::int64_t{geom.n_q_heads} * geom.head_dim;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(geom.head_dim));
+    const std::vector<double> want = naive_attention(c, scale);
+    std::vector<std::vector<float>> first;  // per kernel table, at the first thread count
+    for (std::size_t threads : {std::size_t{3}, std::size_t{1}, std::size_t{2}}) {
+      auto backends = every_backend(threads);
+      first.resize(backends.size());
+      for (std::size_t i = 0; i < backends.size(); ++i) {
+        auto& be = backends[i];
+        INFO(be->name() << " threads " << threads << " heads " << geom.n_q_heads << "/"
+                        << geom.n_kv_heads << " d " << geom.head_dim);
+        std::vector<float> out(static_cast<std::size_t>(t * q_width), NAN);
+        const DeviceBatch db = be->upload_batch(c.batch);
+        be->attention(view(out, {t, q_width}), view(c.qkv, {t, geom.qkv_width()}), geom, db,
+                      c.cache(), scale);
+        require_close(out, want, 2e-6, 1e-5);
+        if (first[i].empty()) first[i] = out;
+        else REQUIRE(out == first[i]);  // the same bits at any thread count
+      }
+    }
+    // The 2049-key row (the last) alone gives the bits it gave beside the others.
+    ForwardBatch b;
+    const std::size_t last = c.batch.context_lens.size() - 1;
+    const auto mb = static_cast<std::size_t>(c.batch.max_blocks_per_seq);
+    b.token_ids = {0};
+    b.positions = {c.batch.positions.back()};
+    b.slot_mapping = {c.batch.slot_mapping.back()};
+    b.query_start = {0, 1};
+    b.context_lens = {c.batch.context_lens[last]};
+    b.max_blocks_per_seq = c.batch.max_blocks_per_seq;
+    b.block_tables.assign(c.batch.block_tables.begin() + static_cast<std::ptrdiff_t>(last * mb),
+                          c.batch.block_tables.begin() + static_cast<std::ptrdiff_t>((last + 1) * mb));
+    std::vector<float> qrow(c.qkv.end() - geom.qkv_width(), c.qkv.end()), one(static_cast<std::size_t>(q_width));
+    CpuBackend be(BackendOptions{3, 0});
+    be.attention(view(one, {1, q_width}), view(qrow, {1, geom.qkv_width()}), geom, be.upload_batch(b),
+                 c.cache(), scale);
+    REQUIRE(std::equal(one.begin(), one.end(), first.back().end() - q_width));
   }
 }
 

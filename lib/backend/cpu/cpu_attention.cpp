@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,23 @@ bool attention_claimed() {
     return v && std::string_view(v) == "claimed";
   }();
   return on;
+}
+
+// A one-row task's keys past this many (whole cache blocks; XSERV_CPU_ATTN_PART_KEYS=N, read
+// once, default 512, 0 never) are split into parts of that many, each a task over all kv heads,
+// merged after (FlashDecoding's split of the keys). A task over a range of kv heads reads a run
+// of head_dim elements a slot apart, which DRAM serves slowly (Qwen3-0.6B's decode attention at
+// 2048 keys: ~14 GB/s of the dev EPYC's 49 GB/s two-core ceiling, docs/benchmarks.md); a task over
+// all heads streams each cache block whole, and long rows spread over the threads by keys. The
+// parts depend on the row's key count alone, so a row's result does not change with the batch
+// or the thread count.
+std::int64_t attention_part_keys(std::int32_t block_size) {
+  static const std::int64_t keys = [] {
+    const char* v = std::getenv("XSERV_CPU_ATTN_PART_KEYS");
+    return v ? std::max(0, std::atoi(v)) : 512;
+  }();
+  if (keys == 0) return std::numeric_limits<std::int64_t>::max();
+  return std::max<std::int64_t>(1, keys / block_size) * block_size;
 }
 
 // y = weight * (x * rsqrt(mean(x^2) + eps)) over one head, as HF's Qwen3RMSNorm in f32.
@@ -250,12 +268,33 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   }
   const auto n_blocks = static_cast<std::int64_t>(block_start.size());
   block_start.push_back(static_cast<std::int32_t>(t_count));
-  // One task: row block blk, the part-th of `splits` ranges of kv heads.
-  const auto run_task = [&](std::int64_t blk, std::int64_t part, std::int64_t splits,
-                            std::vector<float>& scratch) {
+  // A one-row block over more than part_keys keys runs as key parts (attention_part_keys), each
+  // writing its state to `partials` at part_at[blk] + part; other blocks as kv-head ranges.
+  const std::int64_t part_keys = attention_part_keys(bs);
+  const std::int64_t n_q = heads.n_q_heads, state = n_q * (d + 2);
+  std::vector<std::int32_t> key_parts(static_cast<std::size_t>(n_blocks), 1);
+  std::vector<std::int64_t> part_at(static_cast<std::size_t>(n_blocks), 0);
+  std::int64_t n_parts = 0;
+  for (std::int64_t blk = 0; blk < n_blocks; ++blk) {
     const std::int64_t t = block_start[static_cast<std::size_t>(blk)];
-    const std::int64_t h = heads.n_kv_heads * part / splits;
-    const std::int64_t h_end = heads.n_kv_heads * (part + 1) / splits;
+    const std::int64_t rows = block_start[static_cast<std::size_t>(blk) + 1] - t, keys_t = pos[t] + 1;
+    if (rows != 1 || keys_t <= part_keys) continue;
+    key_parts[static_cast<std::size_t>(blk)] = static_cast<std::int32_t>((keys_t + part_keys - 1) / part_keys);
+    part_at[static_cast<std::size_t>(blk)] = n_parts;
+    n_parts += key_parts[static_cast<std::size_t>(blk)];
+  }
+  std::vector<float> partials(static_cast<std::size_t>(n_parts * state));
+  // One task: row block blk, the part-th of `splits` ranges of kv heads, or (a split row) the
+  // part-th range of its keys over every kv head.
+  struct Task {
+    std::int32_t blk, part, splits;
+  };
+  const auto run_task = [&](const Task& task, std::vector<float>& scratch) {
+    const auto blk = static_cast<std::size_t>(task.blk);
+    const bool by_keys = key_parts[blk] > 1;
+    const std::int64_t t = block_start[blk];
+    const std::int64_t h = by_keys ? 0 : heads.n_kv_heads * task.part / task.splits;
+    const std::int64_t h_end = by_keys ? heads.n_kv_heads : heads.n_kv_heads * (task.part + 1) / task.splits;
     const std::int32_t s = row_seq[static_cast<std::size_t>(t)];
     AttentionTask at;
     at.q = qkv.as<const float>() + t * width + h * group * d;
@@ -264,10 +303,16 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     at.kv_heads = static_cast<std::int32_t>(h_end - h);
     at.head_dim = heads.head_dim;
     at.n_keys = pos[t] + 1;
-    at.rows = block_start[static_cast<std::size_t>(blk) + 1] - static_cast<std::int32_t>(t);
+    at.rows = block_start[blk + 1] - static_cast<std::int32_t>(t);
     at.q_row_stride = width;
     at.out_row_stride = q_width;
     at.block_table = tables + s * max_blocks;
+    if (by_keys) {
+      const std::int64_t k0 = task.part * part_keys;
+      at.n_keys = static_cast<std::int32_t>(std::min(part_keys, pos[t] + 1 - k0));
+      at.block_table += k0 / bs;
+      at.partial = partials.data() + (part_at[blk] + task.part) * state;
+    }
     at.block_size = bs;
     at.kv_dtype = cache.k.dtype;
     const std::int64_t head_offset = h * d * static_cast<std::int64_t>(dtype_size(cache.k.dtype));
@@ -278,6 +323,30 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     at.prefetch_blocks = attention_prefetch_blocks();
     scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
     kt.attention(at, scratch.data());
+  };
+  // Each split row's parts merged in part order: out = sum_p acc_p e^(m_p - m) / sum_p l_p
+  // e^(m_p - m), m the largest m_p.
+  const auto merge_parts = [&] {
+    for (std::int64_t blk = 0; blk < n_blocks; ++blk) {
+      const std::int32_t np = key_parts[static_cast<std::size_t>(blk)];
+      if (np == 1) continue;
+      const std::int64_t t = block_start[static_cast<std::size_t>(blk)];
+      const float* st = partials.data() + part_at[static_cast<std::size_t>(blk)] * state;
+      for (std::int64_t g = 0; g < n_q; ++g) {
+        float* o = out.as<float>() + t * q_width + g * d;
+        float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+        for (std::int32_t p = 0; p < np; ++p) m = std::max(m, st[p * state + g * (d + 2) + d]);
+        std::fill(o, o + d, 0.0f);
+        for (std::int32_t p = 0; p < np; ++p) {
+          const float* sp = st + p * state + g * (d + 2);
+          const float w = sp[d] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(sp[d] - m);
+          l += sp[d + 1] * w;
+          for (std::int64_t i = 0; i < d; ++i) o[i] += w * sp[i];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (std::int64_t i = 0; i < d; ++i) o[i] *= inv;
+      }
+    }
   };
   const auto pool_threads = static_cast<std::int64_t>(pool_.size());
   if (attention_claimed() && n_blocks > 1 && workers == pool_threads) {
@@ -291,30 +360,41 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     });
     const std::int64_t splits = std::clamp<std::int64_t>(
         (4 * workers + n_blocks - 1) / n_blocks, 1, heads.n_kv_heads);
-    pool_.parallel_for(static_cast<std::size_t>(n_blocks * splits),
-                       [&](std::size_t b, std::size_t e) {
+    std::vector<Task> tasks;
+    for (std::int32_t blk : order) {
+      const std::int64_t n = key_parts[static_cast<std::size_t>(blk)] > 1 ? key_parts[static_cast<std::size_t>(blk)] : splits;
+      for (std::int64_t part = 0; part < n; ++part)
+        tasks.push_back({blk, static_cast<std::int32_t>(part), static_cast<std::int32_t>(splits)});
+    }
+    pool_.parallel_for(tasks.size(), [&](std::size_t b, std::size_t e) {
       std::vector<float> scratch;
-      for (auto i = static_cast<std::int64_t>(b); i < static_cast<std::int64_t>(e); ++i)
-        run_task(order[static_cast<std::size_t>(i / splits)], i % splits, splits, scratch);
+      for (std::size_t i = b; i < e; ++i) run_task(tasks[i], scratch);
     });
+    merge_parts();
     return;
   }
   // Tasks are (row block, range of kv heads): all heads of a row in one task reads each cached
   // slot as one contiguous run, so blocks are split into head ranges only as far as needed to
-  // give every thread work (decode of a few sequences).
+  // give every thread work (decode of a few sequences); split rows' key parts.
   const std::int64_t splits =
       std::clamp<std::int64_t>((2 * workers + n_blocks - 1) / std::max<std::int64_t>(n_blocks, 1),
                                1, heads.n_kv_heads);
-  const std::int64_t tasks = n_blocks * splits;
+  std::vector<Task> tasks;
+  for (std::int64_t blk = 0; blk < n_blocks; ++blk) {
+    const std::int64_t n = key_parts[static_cast<std::size_t>(blk)] > 1 ? key_parts[static_cast<std::size_t>(blk)] : splits;
+    for (std::int64_t part = 0; part < n; ++part)
+      tasks.push_back({static_cast<std::int32_t>(blk), static_cast<std::int32_t>(part), static_cast<std::int32_t>(splits)});
+  }
+  const auto n_tasks = static_cast<std::int64_t>(tasks.size());
   // Tasks are dealt round-robin: in a prefill later rows see more keys, so contiguous ranges
   // would leave the first threads idle.
-  pool_.parallel_for(static_cast<std::size_t>(std::min(workers, tasks)),
+  pool_.parallel_for(static_cast<std::size_t>(std::min(workers, n_tasks)),
                      [&](std::size_t b, std::size_t e) {
     std::vector<float> scratch;
     for (auto w = static_cast<std::int64_t>(b); w < static_cast<std::int64_t>(e); ++w)
-      for (std::int64_t task = w; task < tasks; task += workers)
-        run_task(task / splits, task % splits, splits, scratch);
+      for (std::int64_t i = w; i < n_tasks; i += workers) run_task(tasks[static_cast<std::size_t>(i)], scratch);
   });
+  merge_parts();
 }
 
 }  // namespace xserv::cpu

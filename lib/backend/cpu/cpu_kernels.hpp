@@ -92,6 +92,11 @@ struct AttentionTask {
   // the caches, so a layer's cache comes from DRAM, in runs of head_dim floats a slot apart that
   // the hardware prefetchers do not follow.
   std::int32_t prefetch_blocks = 0;
+  // A one-row task over part of a row's keys (CpuBackend::attention splits long decode contexts
+  // into parts): when set, the kernel writes its unnormalised state instead of out, per q head g
+  // in partial + g * (head_dim + 2): the output accumulator [head_dim], then the running max and
+  // the running sum of exp(score - max), for the caller to merge.
+  float* partial = nullptr;
 };
 
 // Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
