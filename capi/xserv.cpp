@@ -278,14 +278,14 @@ xserv::DeviceKind pick_device(long long device) {
   throw_invalid("params->device is " + std::to_string(device) + ", not an xserv_device");
 }
 
-std::string_view dtype_name_c(long long d) {
+std::string_view dtype_name_c(long long d, const char* field = "params->dtype") {
   switch (d) {
     case XSERV_DTYPE_AUTO: return "auto";
     case XSERV_DTYPE_F32: return "f32";
     case XSERV_DTYPE_F16: return "f16";
     case XSERV_DTYPE_BF16: return "bf16";
   }
-  throw_invalid("params->dtype is " + std::to_string(d) + ", not an xserv_dtype");
+  throw_invalid(std::string(field) + " is " + std::to_string(d) + ", not an xserv_dtype");
 }
 
 // Thrown from the progress hook to unwind a load the host cancelled.
@@ -333,6 +333,7 @@ xserv_model_params xserv_model_default_params(void) {
   p.progress_callback = nullptr;
   p.progress_user_data = nullptr;
   p.tensor_parallel_size = 1;
+  p.kv_cache_dtype = XSERV_DTYPE_AUTO;
   return p;
 }
 
@@ -351,6 +352,7 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
       throw_invalid("params->tensor_parallel_size is " + std::to_string(p.tensor_parallel_size) +
                     " (expected 1 ..= 1024)");
     const std::string_view wanted_dtype = dtype_name_c(enum_value(p.dtype));
+    const std::string_view kv_dtype = dtype_name_c(enum_value(p.kv_cache_dtype), "params->kv_cache_dtype");
 
     auto m = std::make_unique<xserv_model>();
     xserv::ParallelOptions po;
@@ -361,6 +363,9 @@ xserv_status xserv_model_load(const char* path, const xserv_model_params* params
 
     xserv::ModelOptions mo;
     if (p.max_batch_tokens > 0) mo.max_batch_tokens = p.max_batch_tokens;
+    if (kv_dtype == "f32") mo.kv_dtype = xserv::DType::f32;
+    else if (kv_dtype == "f16") mo.kv_dtype = xserv::DType::f16;
+    else if (kv_dtype == "bf16") mo.kv_dtype = xserv::DType::bf16;
     bool cancelled = false;
     if (p.progress_callback != nullptr) {
       // Weights are most of the work; the tokenizer after them is reported as the final 1.

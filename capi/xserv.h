@@ -154,6 +154,14 @@ typedef struct xserv_model_params {
    * multiple of them) or MLP size; CUDA when there are fewer GPUs than ranks; UNSUPPORTED when
    * NCCL cannot be loaded. Appended in 0.2 (see "Growing structs"). */
   int32_t tensor_parallel_size;
+  /* The K/V cache's dtype. AUTO (default): the backend's, i.e. the activation dtype (CUDA: the
+   * weights' dtype; CPU: F32, or BF16 for a bf16 model when the environment sets
+   * XSERV_CPU_KV=bf16). On the CPU, F32 or BF16 for any weights: BF16 rounds each cached K/V
+   * element to bf16 (as a bf16 model's own cache in transformers holds it) and halves the
+   * cache's memory and the bytes a long-context decode step reads (docs/cpu.md). On CUDA only
+   * the activation dtype. Errors: INVALID_ARGUMENT for a value that is not an xserv_dtype,
+   * UNSUPPORTED for one the backend does not read. Appended in 0.2 (see "Growing structs"). */
+  xserv_dtype kv_cache_dtype;
 } xserv_model_params;
 
 /* The defaults (see each field). Thread-safe. */

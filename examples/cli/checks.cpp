@@ -64,6 +64,13 @@ void require_utf8(std::string_view text, std::string_view what) {
                 bad);
 }
 
+std::optional<DType> parse_kv_cache_dtype(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  if (text == "f32") return DType::f32;
+  if (text == "bf16") return DType::bf16;
+  throw_error(ErrorCode::invalid_argument, "--kv-cache-dtype must be auto, f32 or bf16, not '{}'", text);
+}
+
 std::unique_ptr<ModelGroup> load_model_group(const std::string& dir, const std::string& device,
                                              int tp, std::size_t threads, ModelOptions options) {
   ParallelOptions p;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <charconv>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,10 @@ DeviceKind pick_device(const std::string& name);
 std::unique_ptr<ModelGroup> load_model_group(const std::string& dir, const std::string& device,
                                              int tp, std::size_t threads,
                                              ModelOptions options = {});
+
+// --kv-cache-dtype: "auto" (the backend's choice) is nullopt, else "f32" or "bf16"
+// (ModelOptions::kv_dtype); Error(invalid_argument) naming the flag otherwise.
+std::optional<DType> parse_kv_cache_dtype(const std::string& text);
 
 // Fails when `text` is not valid UTF-8, naming `what` (e.g. "--stop") and the byte offset.
 void require_utf8(std::string_view text, std::string_view what);

@@ -56,6 +56,8 @@ const char* kUsage = R"(usage: xserv-cli batch -m DIR [options] < requests.jsonl
   --threads N                CPU worker threads (default: all cores)
   --tp N                     split the model over N GPUs 0 .. N-1 (tensor parallelism over
                              NCCL; on the CPU N ranks of threads); default 1
+  --kv-cache-dtype D         auto (default: the backend's), f32 or bf16 (CPU: half the
+                             cache's memory and bytes; CUDA: only the weights' dtype)
 
 Each stdin line: {"prompt": "..."} or {"messages": [{"role": "user", "content": "..."}]}, plus
 optional max_tokens (default 128), temperature, top_p, top_k, min_p, repetition_penalty,
@@ -71,6 +73,7 @@ struct Options {
   std::int32_t max_batch_tokens = 0;  // 0: by device (run_batch)
   std::size_t threads = 0;
   int tp = 1;
+  std::optional<DType> kv_dtype;
   bool help = false;
 };
 
@@ -89,6 +92,7 @@ Options parse_options(const Args& args) {
     else if (a == "--max-batch-tokens") o.max_batch_tokens = parse_number<std::int32_t>(a, value());
     else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
     else if (a == "--tp") o.tp = parse_number<int>(a, value());
+    else if (a == "--kv-cache-dtype") o.kv_dtype = parse_kv_cache_dtype(value());
     else if (a == "-h" || a == "--help") o.help = true;
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see xserv-cli batch --help)", a);
   }
@@ -293,6 +297,7 @@ int run_batch(const Args& args) {
   // forward (as xserv-server's default); the CPU keeps the library's 512. The model's workspace
   // is sized for the step.
   ModelOptions mo;
+  mo.kv_dtype = o.kv_dtype;
   if (o.max_batch_tokens > 0) mo.max_batch_tokens = o.max_batch_tokens;
   else if (pick_device(o.device) == DeviceKind::cuda) mo.max_batch_tokens = 8192;
   auto group = load_model_group(o.model, o.device, o.tp, o.threads, mo);

@@ -49,7 +49,9 @@ constexpr const char* kUsage =
     "  --think                let Qwen3 think before answering (default: enable_thinking=false)\n"
     "  --device auto|cpu|cuda (default auto: cuda when a GPU is usable, else cpu)\n"
     "  --threads N            CPU threads (default: all)\n"
-    "  --tp N                 split the model over N GPUs 0 .. N-1 (tensor parallelism)\n";
+    "  --tp N                 split the model over N GPUs 0 .. N-1 (tensor parallelism)\n"
+    "  --kv-cache-dtype D     auto (default: the backend's), f32 or bf16 (CPU: half the cache's\n"
+    "                         memory and bytes; CUDA: only the weights' dtype)\n";
 
 struct ChatOptions {
   std::string model_dir;
@@ -59,6 +61,7 @@ struct ChatOptions {
   std::string device;
   std::size_t threads = 0;
   int tp = 1;
+  std::optional<DType> kv_dtype;
 };
 
 std::string value_of(const Args& args, std::size_t& i) {
@@ -97,6 +100,7 @@ ChatOptions parse(const Args& args) {
     else if (a == "--device") o.device = value_of(args, i);
     else if (a == "--threads") o.threads = static_cast<std::size_t>(number_of(args, i));
     else if (a == "--tp") o.tp = parse_number<int>(a, value_of(args, i));
+    else if (a == "--kv-cache-dtype") o.kv_dtype = parse_kv_cache_dtype(value_of(args, i));
     else throw_error(ErrorCode::invalid_argument, "unknown option '{}' (see --help)", a);
   }
   XSERV_CHECK(!o.model_dir.empty(), ErrorCode::invalid_argument, "-m DIR is required");
@@ -227,7 +231,9 @@ int run_chat(const Args& args) {
       return 0;
     }
   const ChatOptions o = parse(args);
-  const std::unique_ptr<ModelGroup> group = load_model_group(o.model_dir, o.device, o.tp, o.threads);
+  ModelOptions mo;
+  mo.kv_dtype = o.kv_dtype;
+  const std::unique_ptr<ModelGroup> group = load_model_group(o.model_dir, o.device, o.tp, o.threads, mo);
   Model* model = &group->leader();
   Backend* backend = &model->backend();
   const Tokenizer tokenizer = Tokenizer::load(o.model_dir);

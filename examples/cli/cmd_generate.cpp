@@ -50,6 +50,8 @@ const char* kUsage = R"(usage: xserv-cli generate -m DIR -p PROMPT [options]
   --threads N                CPU worker threads (default: all cores)
   --tp N                     split the model over N GPUs 0 .. N-1 (tensor parallelism over
                              NCCL; on the CPU N ranks of threads); default 1
+  --kv-cache-dtype D         auto (default: the backend's), f32 or bf16 (CPU: half the
+                             cache's memory and bytes; CUDA: only the weights' dtype)
   --dummy-weights            random weights from config.json (speed checks without files)
   --quiet                    no summary on stderr
 )";
@@ -62,6 +64,7 @@ struct Options {
   std::string device;
   std::size_t threads = 0;
   int tp = 1;
+  std::optional<DType> kv_dtype;
 };
 
 Options parse_options(const Args& args) {
@@ -95,6 +98,7 @@ Options parse_options(const Args& args) {
     else if (a == "--device") o.device = value();
     else if (a == "--threads") o.threads = parse_number<std::size_t>(a, value());
     else if (a == "--tp") o.tp = parse_number<int>(a, value());
+    else if (a == "--kv-cache-dtype") o.kv_dtype = parse_kv_cache_dtype(value());
     else if (a == "--dummy-weights") o.dummy = true;
     else if (a == "--quiet") o.quiet = true;
     else if (a == "-h" || a == "--help") o.help = true;
@@ -123,6 +127,7 @@ int run_generate(const Args& args) {
   const Tokenizer tok = Tokenizer::load(o.model);
   ModelOptions mo;
   mo.dummy_weights = o.dummy;
+  mo.kv_dtype = o.kv_dtype;
   auto group = load_model_group(o.model, o.device, o.tp, o.threads, mo);
   Model* model = &group->leader();
   Backend* backend = &model->backend();

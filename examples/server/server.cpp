@@ -79,6 +79,8 @@ constexpr const char* kUsage =
     "  --max-batch-tokens N      tokens per engine step, prompt chunks and decodes (default\n"
     "                            8192 on CUDA, 512 on the CPU)\n"
     "  --kv-cache-tokens N       KV-cache size in tokens (default: sized from memory)\n"
+    "  --kv-cache-dtype D        auto (default: the backend's), f32 or bf16 (CPU: half the\n"
+    "                            cache's memory and bytes; CUDA: only the weights' dtype)\n"
     "  --gpu-memory-fraction F   CUDA: share of free memory for the KV cache (default 0.9)\n"
     "  --no-prefix-cache         do not reuse the KV of shared prompt prefixes\n"
     "  --max-queue N             requests waiting at most; more get 429 (default 256, 0 = no\n"
@@ -150,6 +152,13 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--max-seqs") o.engine.max_seqs = static_cast<int>(integer(1, 1 << 20));
     else if (a == "--max-batch-tokens") o.engine.max_batch_tokens = static_cast<int>(integer(1, 1 << 20));
     else if (a == "--kv-cache-tokens") o.engine.kv_cache_tokens = integer(0, 1ll << 40);
+    else if (a == "--kv-cache-dtype") {
+      const std::string d = value();
+      if (d == "auto") o.model.kv_cache_dtype = xserv::DType::automatic;
+      else if (d == "f32") o.model.kv_cache_dtype = xserv::DType::f32;
+      else if (d == "bf16") o.model.kv_cache_dtype = xserv::DType::bf16;
+      else usage_error("--kv-cache-dtype takes auto, f32 or bf16, not '" + d + "'");
+    }
     else if (a == "--gpu-memory-fraction") {
       const std::string v = value();
       char* end = nullptr;

@@ -91,6 +91,9 @@ struct ModelOptions {
   // Ranks the model is split over (tensor parallelism, docs/parallel.md): CUDA GPUs
   // device_index .. device_index + tensor_parallel_size - 1, or threads on the CPU. 1: no split.
   int tensor_parallel_size = 1;
+  // The K/V cache's dtype (xserv_model_params.kv_cache_dtype): automatic, the backend's; on the
+  // CPU f32 or bf16 (half the cache's memory and bytes), on CUDA only the activation dtype.
+  DType kv_cache_dtype = DType::automatic;
   // Called with the fraction loaded in [0, 1]; return false to cancel (load throws Error with
   // XSERV_ERR_CANCELLED). An exception it throws cancels the load and is rethrown by load().
   std::function<bool(float)> on_progress;
@@ -165,6 +168,7 @@ class Model {
     p.dtype = static_cast<xserv_dtype>(options.dtype);
     p.max_batch_tokens = options.max_batch_tokens;
     p.tensor_parallel_size = options.tensor_parallel_size;
+    p.kv_cache_dtype = static_cast<xserv_dtype>(options.kv_cache_dtype);
     Hook<std::function<bool(float)>> hook{&options.on_progress, nullptr};
     if (options.on_progress) {
       p.progress_callback = &progress_trampoline;

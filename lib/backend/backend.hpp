@@ -121,6 +121,11 @@ class Backend {
   // cache narrower (CPU with XSERV_CPU_KV=bf16: bf16 for 16-bit weights, half the bytes each
   // decode step's attention reads).
   virtual DType kv_dtype(DType weights) const noexcept { return activation_dtype(weights); }
+  // Whether this backend's attention reads a K/V cache of dtype `kv` for such a model (a host's
+  // explicit choice, ModelOptions::kv_dtype): by default only the activation dtype.
+  virtual bool supports_kv_dtype(DType weights, DType kv) const noexcept {
+    return kv == activation_dtype(weights);
+  }
 
   // ---- memory --------------------------------------------------------------------------
   virtual Allocator& allocator() noexcept = 0;

@@ -97,6 +97,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, Backend& backend,
   }
   WeightLoader weights(backend, checkpoint.get(), config.dtype, options.dummy_seed);
   std::unique_ptr<Model> model = entry->make(config, dir, backend, weights, options);
+  if (options.kv_dtype) {
+    XSERV_CHECK(backend.supports_kv_dtype(model->weight_dtype_, *options.kv_dtype),
+                ErrorCode::unsupported, "{}: K/V cache dtype {} is not supported for {} weights on {}",
+                dir, dtype_name(*options.kv_dtype), dtype_name(model->weight_dtype_), backend.name());
+    model->kv_dtype_ = options.kv_dtype;
+  }
   // The CPU backend's weights are views into the mapping; other backends hold copies, so the
   // mapping goes (no host memory kept for a model on the GPU).
   if (backend.device().kind == DeviceKind::cpu) model->checkpoint_ = std::move(checkpoint);
@@ -163,7 +169,8 @@ void Model::check_tokenizer(std::int32_t tokenizer_vocab, const std::string& tok
 }
 
 kv::KvSpec Model::kv_spec() const noexcept {
-  return kv::KvSpec{config_.num_layers, shard_.kv_heads, config_.head_dim, backend_.kv_dtype(weight_dtype_)};
+  return kv::KvSpec{config_.num_layers, shard_.kv_heads, config_.head_dim,
+                    kv_dtype_.value_or(backend_.kv_dtype(weight_dtype_))};
 }
 
 void Model::set_limits(const ModelOptions& options) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ struct ModelOptions {
   // ranks with it. Every rank must load and run forward() at the same time, each on its own
   // thread (ModelGroup does that). nullptr: the whole model on one backend.
   Communicator* communicator = nullptr;
+  // The K/V cache's dtype; nullopt: the backend's choice (Backend::kv_dtype). Another must be
+  // one the backend's attention reads (Backend::supports_kv_dtype), else load throws
+  // ErrorCode::unsupported.
+  std::optional<DType> kv_dtype;
 };
 
 class Model {
@@ -140,6 +145,7 @@ class Model {
   std::string dir_;
   Backend& backend_;
   DType weight_dtype_ = DType::f32;
+  std::optional<DType> kv_dtype_;  // ModelOptions::kv_dtype
   std::int32_t max_batch_tokens_ = 0;
   std::int32_t max_logit_rows_ = 0;
   std::size_t weight_bytes_ = 0;

@@ -97,7 +97,7 @@ static void test_defaults(void) {
   xserv_generate_params gp = xserv_generate_default_params();
   CHECK(mp.device == XSERV_DEVICE_AUTO && mp.n_threads == 0 && mp.dtype == XSERV_DTYPE_AUTO);
   CHECK(mp.progress_callback == NULL && mp.progress_user_data == NULL);
-  CHECK(mp.tensor_parallel_size == 1);
+  CHECK(mp.tensor_parallel_size == 1 && mp.kv_cache_dtype == XSERV_DTYPE_AUTO);
   CHECK(gp.max_tokens > 0 && gp.temperature == 1.0f && gp.top_k == 0 && gp.top_p == 1.0f);
   CHECK(gp.seed == XSERV_SEED_RANDOM && gp.stop_strings == NULL && gp.n_stop_strings == 0);
   CHECK(gp.repetition_penalty == 1.0f && !gp.ignore_eos);
@@ -151,6 +151,9 @@ static void test_bad_params(void) {
   mp.dtype = (xserv_dtype)9;
   CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT, "dtype");
   mp = xserv_model_default_params();
+  mp.kv_cache_dtype = (xserv_dtype)7;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT, "kv_cache_dtype");
+  mp = xserv_model_default_params();
   mp.tensor_parallel_size = 0;
   CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_INVALID_ARGUMENT,
                "tensor_parallel_size");
@@ -190,6 +193,55 @@ static void test_tensor_parallel(const char* one_rank_text) {
   if (model != NULL) {
     CHECK(strstr(xserv_model_desc(model), "tensor parallel") == NULL);
   }
+  xserv_model_free(model);
+}
+
+/* The KV pool's blocks of an engine over `model` given `bytes` of CPU memory for it. */
+static int32_t kv_blocks_for(xserv_model* model, uint64_t bytes) {
+  xserv_engine_params ep = xserv_engine_default_params();
+  xserv_engine* engine = NULL;
+  xserv_engine_stats st;
+  int32_t blocks = -1;
+  ep.kv_cache_bytes = bytes;
+  CHECK_STATUS(xserv_engine_create(model, &ep, &engine), XSERV_OK, "");
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  if (engine != NULL && xserv_engine_get_stats(engine, &st) == XSERV_OK) blocks = st.kv_blocks_total;
+  xserv_engine_free(engine);
+  return blocks;
+}
+
+/* kv_cache_dtype on the CPU: BF16 takes half the bytes a block (twice the blocks in the same
+ * budget) and generates; F16 is refused (the CPU's attention reads f32 or bf16); a host compiled
+ * before the field existed gets the backend's choice. */
+static void test_kv_cache_dtype(xserv_model* f32_model) {
+  xserv_model* model = NULL;
+  xserv_model_params mp = xserv_model_default_params();
+  xserv_generate_params gp = xserv_generate_default_params();
+  char* text = NULL;
+  int32_t f32_blocks, bf16_blocks;
+  mp.device = XSERV_DEVICE_CPU;
+  mp.kv_cache_dtype = XSERV_DTYPE_F16;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_ERR_UNSUPPORTED, "K/V cache dtype f16");
+  CHECK(model == NULL);
+  mp.kv_cache_dtype = XSERV_DTYPE_BF16;
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_OK, "");
+  if (model == NULL) return;
+  f32_blocks = kv_blocks_for(f32_model, 4u << 20);
+  bf16_blocks = kv_blocks_for(model, 4u << 20);
+  CHECK(f32_blocks > 2 && bf16_blocks >= 2 * f32_blocks - 2 && bf16_blocks <= 2 * f32_blocks + 2);
+  gp.temperature = 0.0f;
+  gp.max_tokens = 24;
+  gp.ignore_eos = true;
+  CHECK_STATUS(xserv_generate(model, "ROMEO:", &gp, NULL, NULL, &text), XSERV_OK, "");
+  CHECK(text != NULL && strlen(text) > 0);
+  xserv_string_free(text);
+  xserv_model_free(model);
+  model = NULL;
+  mp.struct_size = offsetof(xserv_model_params, kv_cache_dtype);
+  mp.kv_cache_dtype = (xserv_dtype)99; /* past struct_size: never read */
+  CHECK_STATUS(xserv_model_load(kModel, &mp, &model), XSERV_OK, "");
+  if (model != NULL) CHECK(kv_blocks_for(model, 4u << 20) == f32_blocks);
   xserv_model_free(model);
 }
 
@@ -671,6 +723,7 @@ int main(void) {
           test_tensor_parallel(text);
           xserv_string_free(text);
         }
+        test_kv_cache_dtype(model);
       }
       xserv_model_free(model);
     } else {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # xserv-cli generate's input checks from the outside: --version, a --stop or prompt that is not
-# UTF-8, -m naming a missing path or a file, --device cuda where no GPU is usable, bad numbers.
+# UTF-8, -m naming a missing path or a file, --device cuda where no GPU is usable, bad numbers,
+# a --kv-cache-dtype it does not know.
 # Each must exit non-zero with a message that says what is wrong and what to do, before any
 # model is loaded. Usage: cli_generate_test.sh XSERV_CLI MODEL_DIR
 set -euo pipefail
@@ -33,6 +34,7 @@ expect_error "-n: 'abc' is not a valid number" generate -m "$model" -p x -n abc
 expect_error "--device must be auto, cpu or cuda" generate -m "$model" -p x --device tpu
 expect_error "--stop is not valid UTF-8" generate -m "$model" --stop $'\xff'
 expect_error "cannot open '/nonexistent'" chat -m /nonexistent
+expect_error "--kv-cache-dtype must be auto, f32 or bf16, not 'f8'" generate -m "$model" -p x --kv-cache-dtype f8
 
 # --device cuda where no GPU is usable: a message saying what to do, not a CUDA driver error.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -45,5 +47,9 @@ if [ -f "$model/model.safetensors" ]; then
   "$cli" generate -m "$model" -p "ROMEO:" -n 8 --seed 1 --stop "zzz" > "$work/out" 2> "$work/err" ||
     fail "generate failed: $(cat "$work/err")"
   test -s "$work/out" || fail "no text generated"
+  # A bf16 K/V cache on the CPU generates; an f16 one is refused with the reason.
+  "$cli" generate -m "$model" -p "ROMEO:" -n 8 --seed 1 --device cpu --kv-cache-dtype bf16 > "$work/out" 2> "$work/err" ||
+    fail "generate --kv-cache-dtype bf16 failed: $(cat "$work/err")"
+  test -s "$work/out" || fail "no text generated with a bf16 K/V cache"
 fi
 echo "cli_generate_test: ok"

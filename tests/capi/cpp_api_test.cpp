@@ -35,6 +35,11 @@ void test_model() {
   CHECK(calls >= 2);
   CHECK(model.arch() == "gpt2" && model.device() == "cpu" && model.n_vocab() == 50257);
   CHECK(!model.has_chat_template());
+  // ModelOptions::kv_cache_dtype reaches the load: the CPU reads no f16 cache.
+  xserv::ModelOptions f16_kv;
+  f16_kv.device = xserv::Device::cpu;
+  f16_kv.kv_cache_dtype = xserv::DType::f16;
+  CHECK(status_of([&] { xserv::Model::load(kModel, f16_kv); }) == XSERV_ERR_UNSUPPORTED);
 
   // Tokenizer helpers; a text longer than the first buffer guess exercises the retry.
   std::string text;

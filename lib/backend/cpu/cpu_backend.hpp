@@ -37,6 +37,10 @@ class CpuBackend final : public Backend {
   DType kv_dtype(DType weights) const noexcept override {
     return kv_bf16_ && weights == DType::bf16 ? DType::bf16 : DType::f32;
   }
+  // Asked for explicitly (xserv_model_params.kv_cache_dtype), f32 or bf16 for any weights.
+  bool supports_kv_dtype(DType, DType kv) const noexcept override {
+    return kv == DType::f32 || kv == DType::bf16;
+  }
 
   Allocator& allocator() noexcept override;
   Tensor import_weight(const Tensor& host) override;
