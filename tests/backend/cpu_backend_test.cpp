@@ -865,7 +865,8 @@ TEST_CASE("cpu paged attention matches a naive causal reference", "[cpu]") {
 
 // Decode rows past 512 keys (attention_part_keys) run as key parts merged after: within the
 // naive reference's tolerance, and a row's bits do not depend on the rows decoded beside it or
-// on the thread count (the parts follow its key count alone).
+// on the thread count (the parts follow its key count alone; threads only split them further
+// into kv-head ranges, which changes no sum).
 TEST_CASE("cpu decode attention over long contexts in key parts", "[cpu]") {
   std::mt19937 rng(9);
   const HeadGeometry geoms[] = {{16, 8, 64}, {8, 2, 33}, {4, 4, 16}};
@@ -912,6 +913,21 @@ TEST_CASE("cpu decode attention over long contexts in key parts", "[cpu]") {
     be.attention(view(one, {1, q_width}), view(qrow, {1, geom.qkv_width()}), geom, be.upload_batch(b),
                  c.cache(), scale);
     REQUIRE(std::equal(one.begin(), one.end(), first.back().end() - q_width));
+
+    // One 1100-key row (3 parts) at 8 threads: more threads than parts, so each part is also
+    // split into kv-head ranges; the bits of 1 thread, within the reference's tolerance.
+    auto c1 = make_paged(rng, geom, 16, {{1100, 1}});
+    for (auto& x : c1.qkv) x *= 4.0f;
+    const std::vector<double> want1 = naive_attention(c1, scale);
+    std::vector<float> by_threads[2];
+    for (int k = 0; k < 2; ++k) {
+      CpuBackend b1(BackendOptions{k == 0 ? std::size_t{1} : std::size_t{8}, 0});
+      by_threads[k].assign(static_cast<std::size_t>(q_width), NAN);
+      b1.attention(view(by_threads[k], {1, q_width}), view(c1.qkv, {1, geom.qkv_width()}), geom,
+                   b1.upload_batch(c1.batch), c1.cache(), scale);
+      require_close(by_threads[k], want1, 2e-6, 1e-5);
+    }
+    REQUIRE(by_threads[0] == by_threads[1]);
   }
 }
 
