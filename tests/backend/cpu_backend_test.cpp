@@ -929,6 +929,16 @@ TEST_CASE("cpu decode attention over long contexts in key parts", "[cpu]") {
     }
     REQUIRE(by_threads[0] == by_threads[1]);
   }
+  // A batch of no rows (no blocks, no parts) is nothing to do, not a division by zero.
+  const HeadGeometry geom{16, 8, 64};
+  auto c = make_paged(rng, geom, 16, {{1100, 1}});
+  ForwardBatch none;
+  none.query_start = {0};
+  none.max_blocks_per_seq = 1;
+  CpuBackend be(BackendOptions{2, 0});
+  std::vector<float> qkv0, out0;
+  REQUIRE_NOTHROW(be.attention(view(out0, {0, std::int64_t{16} * 64}), view(qkv0, {0, geom.qkv_width()}), geom,
+                               be.upload_batch(none), c.cache(), 0.125f));
 }
 
 // XSERV_CPU_KV=bf16's cache: the kernels widen each bf16 element exactly to f32, so attention over

@@ -293,7 +293,8 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   };
   std::int64_t units = 0;  // tasks before head splits: a split row's parts, a block otherwise
   for (std::int32_t kp : key_parts) units += kp;
-  const std::int64_t part_splits = std::clamp<std::int64_t>((workers + units - 1) / units, 1, heads.n_kv_heads);
+  const std::int64_t part_splits = std::clamp<std::int64_t>(
+      (workers + units - 1) / std::max<std::int64_t>(units, 1), 1, heads.n_kv_heads);  // units 0: no rows
   const auto run_task = [&](const Task& task, std::vector<float>& scratch) {
     const auto blk = static_cast<std::size_t>(task.blk);
     const bool by_keys = key_parts[blk] > 1;
