@@ -190,16 +190,27 @@ BENCHMARK(BM_attention_decode)
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Prefill attention: one sequence of `rows` new tokens attending causally to themselves (the
-// cache holds their K/V), GPT-2 heads (12 x 64); GFLOP/s counts QK and PV of every (row, key).
+// cache holds their K/V), GPT-2 heads (12 x 64, heads 0) or Qwen3-0.6B's (16 q / 8 kv x 128,
+// heads 1), the cache f32 or (kv_bf16 = 1) bf16; GFLOP/s counts QK and PV of every (row, key).
+// Args: rows, heads, kv_bf16.
 void BM_attention_prefill(benchmark::State& state) {
   const std::int32_t rows = static_cast<std::int32_t>(state.range(0));
-  const HeadGeometry heads{12, 12, 64};
+  const HeadGeometry heads = state.range(1) == 1 ? HeadGeometry{16, 8, 128} : HeadGeometry{12, 12, 64};
+  const bool bf16 = state.range(2) != 0;
+  const std::int64_t kv_row = std::int64_t{heads.n_kv_heads} * heads.head_dim;
+  const std::int64_t q_width = std::int64_t{heads.n_q_heads} * heads.head_dim;
   const std::int32_t bs = 16, blocks = (rows + bs - 1) / bs;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> kc(static_cast<std::size_t>(blocks) * bs * 12 * 64), vc(kc.size());
-  for (auto& x : kc) x = dist(rng);
-  for (auto& x : vc) x = dist(rng);
+  const std::size_t elems = static_cast<std::size_t>(blocks) * bs * static_cast<std::size_t>(kv_row);
+  std::vector<float> kc(elems), vc(elems);
+  std::vector<std::uint16_t> kh(elems), vh(elems);
+  for (std::size_t i = 0; i < elems; ++i) {
+    kc[i] = dist(rng);
+    vc[i] = dist(rng);
+    kh[i] = f32_to_bf16(kc[i]);
+    vh[i] = f32_to_bf16(vc[i]);
+  }
   ForwardBatch b;
   for (std::int32_t t = 0; t < rows; ++t) {
     b.token_ids.push_back(0);
@@ -212,20 +223,25 @@ void BM_attention_prefill(benchmark::State& state) {
   b.max_blocks_per_seq = blocks;
   std::vector<float> qkv(static_cast<std::size_t>(rows * heads.qkv_width()));
   for (auto& x : qkv) x = dist(rng);
-  std::vector<float> out(static_cast<std::size_t>(rows) * 768);
+  std::vector<float> out(static_cast<std::size_t>(rows * q_width));
   auto& be = backend(true);
   const DeviceBatch db = be.upload_batch(b);
-  const Shape cs{blocks, bs, 12, 64};
-  const KvLayer cache{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  const Shape cs{blocks, bs, heads.n_kv_heads, heads.head_dim};
+  const KvLayer cache = bf16 ? KvLayer{Tensor(kh.data(), DType::bf16, cs), Tensor(vh.data(), DType::bf16, cs)}
+                             : KvLayer{Tensor(kc.data(), DType::f32, cs), Tensor(vc.data(), DType::f32, cs)};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(heads.head_dim));
   for (auto _ : state) {
-    be.attention(Tensor(out.data(), DType::f32, {rows, 768}),
-                 Tensor(qkv.data(), DType::f32, {rows, heads.qkv_width()}), heads, db, cache, 0.125f);
+    be.attention(Tensor(out.data(), DType::f32, {rows, q_width}),
+                 Tensor(qkv.data(), DType::f32, {rows, heads.qkv_width()}), heads, db, cache, scale);
     benchmark::DoNotOptimize(out.data());
   }
   const double pairs = 0.5 * rows * (rows + 1.0);
-  state.counters["GFLOP/s"] = benchmark::Counter(pairs * 12 * 64 * 4 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(pairs * static_cast<double>(q_width) * 4 * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_attention_prefill)->Arg(128)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_attention_prefill)
+    ->Args({128, 0, 0})->Args({512, 0, 0})->Args({2048, 1, 0})->Args({2048, 1, 1})->Args({128, 1, 0})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // LayerNorm of a prefill's rows (GPT-2: 128 x 768), as the layers run it (no residual).
 void BM_layer_norm(benchmark::State& state) {

@@ -90,6 +90,16 @@ std::int64_t attention_part_keys(std::int32_t block_size) {
   return std::max<std::int64_t>(1, keys / block_size) * block_size;
 }
 
+// A prefill's rows in tiles of a register's lanes (AttentionTask::lanes; XSERV_CPU_ATTN_LANES=0,
+// read once, turns it off: the row-major kernel in blocks of 4 rows, as before 2026-12-07).
+bool attention_lanes() {
+  static const bool on = [] {
+    const char* v = std::getenv("XSERV_CPU_ATTN_LANES");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 // y = weight * (x * rsqrt(mean(x^2) + eps)) over one head, as HF's Qwen3RMSNorm in f32.
 void rms_norm_head(float* x, const float* weight, std::int64_t d, float eps) {
   double ss = 0.0;
@@ -252,10 +262,11 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
   const std::int64_t kv_bytes = keys * 2 * heads.n_kv_heads * d * static_cast<std::int64_t>(dtype_size(cache.k.dtype));
   const auto workers = std::clamp<std::int64_t>(kv_bytes / min_parallel_bytes(), 1,
                                                 static_cast<std::int64_t>(pool_.size()));
-  // Row blocks: up to 4 rows of one sequence at consecutive positions (a prefill), which read
-  // each K/V block once for all of them (one row at a time, a 128-token prefill read its whole
-  // cache once per row); a decode row is a block of its own.
-  constexpr std::int64_t block_rows = 4;
+  // Row blocks: up to 16 rows (4 without lanes) of one sequence at consecutive positions (a
+  // prefill), which read each K/V block once for all of them (one row at a time, a 128-token
+  // prefill read its whole cache once per row); a decode row is a block of its own.
+  const bool lanes = attention_lanes();
+  const std::int64_t block_rows = lanes ? 16 : 4;
   std::vector<std::int32_t> block_start;
   block_start.reserve(static_cast<std::size_t>(t_count));
   for (std::int64_t t = 0; t < t_count;) {
@@ -327,6 +338,7 @@ void CpuBackend::attention(Tensor out, const Tensor& qkv, const HeadGeometry& he
     at.slot_stride = heads.n_kv_heads * d;
     at.scale = scale;
     at.prefetch_blocks = attention_prefetch_blocks();
+    at.lanes = lanes;
     scratch.resize(static_cast<std::size_t>(attention_scratch_floats(at)));
     kt.attention(at, scratch.data());
   };

@@ -97,6 +97,9 @@ struct AttentionTask {
   // in partial + g * (head_dim + 2): the output accumulator [head_dim], then the running max and
   // the running sum of exp(score - max), for the caller to merge.
   float* partial = nullptr;
+  // Rows in tiles of a register's lanes (a prefill's row blocks; XSERV_CPU_ATTN_LANES=0 turns it
+  // off): attention_lanes in cpu_kernels.inc.
+  bool lanes = false;
 };
 
 // Scratch (floats, per calling thread) the kernels need; the GEMM's is 64-byte aligned (the
@@ -106,9 +109,15 @@ inline constexpr std::int64_t gemm_scratch_floats = 256 * 128;
 inline std::int64_t attention_scores_stride(std::int32_t block_size) noexcept {
   return (std::int64_t{block_size} + 15) / 16 * 16;
 }
+// Row tiles in lanes (AttentionTask::lanes) take up to 16 rows' transposed q and accumulators
+// per head, a block's scores, and a bf16 block's K and V widened.
 inline std::int64_t attention_scratch_floats(const AttentionTask& t) noexcept {
-  return static_cast<std::int64_t>(t.rows) * t.group * t.kv_heads *
-         (t.head_dim + attention_scores_stride(t.block_size) + 3);
+  const std::int64_t g = std::int64_t{t.group} * t.kv_heads, d = t.head_dim;
+  const std::int64_t stride = attention_scores_stride(t.block_size);
+  const std::int64_t rows = t.rows * g * (d + stride + 3);
+  if (!t.lanes || t.rows < 2) return rows;
+  const std::int64_t lanes = 16 * (2 * g * d + stride + 2 * g) + 2 * stride * d;
+  return rows > lanes ? rows : lanes;
 }
 
 struct KernelTable {
