@@ -839,13 +839,14 @@ std::vector<double> naive_attention(const PagedCase& c, float scale) {
 
 // GQA groups of 1, 2, 3, 4 and 8 q heads: a decode row's kernel takes 4 (AVX-512) or 2 heads of a
 // group at once, in one or several passes, or one at a time for an odd group. Prefill rows run
-// in tiles of a register's lanes (16, 8 or 4 rows by kernel table), a last tile at least half
-// full among them (12 and 37 rows, the 37 after 8 cached keys), the rest in the row-major kernel.
+// in tiles of SIMD lanes (16 rows with AVX2 or AVX-512, 8 generic), a last tile at least half
+// full among them (12, 37 and 140 rows, after 0, 8 and 10 cached keys), the rest in the
+// row-major kernel.
 TEST_CASE("cpu paged attention matches a naive causal reference", "[cpu]") {
   std::mt19937 rng(5);
   const HeadGeometry geoms[] = {{4, 4, 64}, {4, 2, 128}, {8, 2, 33}, {4, 1, 7}, {6, 2, 16}, {16, 2, 32}};
   const std::vector<std::pair<std::int32_t, std::int32_t>> seqs = {
-      {19, 19}, {1, 1}, {40, 1}, {23, 6}, {16, 16}, {9, 1}, {30, 12}, {45, 37}};
+      {19, 19}, {1, 1}, {40, 1}, {23, 6}, {16, 16}, {9, 1}, {30, 12}, {45, 37}, {150, 140}};
   for (auto& be : every_backend()) {
     for (const auto& geom : geoms) {
       for (std::int32_t bs : {4, 16}) {
