@@ -7,11 +7,16 @@
 #include <array>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 
 #include "backend/cpu/cpu_amx.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 #include "support/scoped_env.hpp"
+
+#ifdef XSERV_TEST_HAVE_AVX2X16
+namespace xserv::cpu::avx2x16 { extern const KernelTable table; }  // cpu_kernels_avx2x16.cpp
+#endif
 
 using namespace xserv;
 using xserv::cpu::CpuBackend;
@@ -24,8 +29,14 @@ constexpr DType kWeightTypes[] = {DType::f32, DType::bf16, DType::f16};
 // Every kernel table on xserv's own GEMM, plus the default backend (OpenBLAS when built in).
 std::vector<std::unique_ptr<CpuBackend>> every_backend(std::size_t threads = 3) {
   std::vector<std::unique_ptr<CpuBackend>> v;
-  for (const auto* k : cpu::supported_kernels())
+  const auto tables = cpu::supported_kernels();
+  for (const auto* k : tables)
     v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}, k, false));
+#ifdef XSERV_TEST_HAVE_AVX2X16
+  // Without AVX-512, its copy's logic still runs: the 16-float kernels compiled for AVX2.
+  if (tables.back()->isa == std::string_view("avx2"))
+    v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}, &cpu::avx2x16::table, false));
+#endif
   v.push_back(std::make_unique<CpuBackend>(BackendOptions{threads, 0}));
   return v;
 }
