@@ -288,15 +288,19 @@ __attribute__((target("avx512f"), noinline)) void fma_chains(std::int64_t iters)
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
 }
-void BM_fma_peak(benchmark::State& state) {
-  if (!__builtin_cpu_supports("avx512f")) {
-    state.SkipWithError("no AVX-512");
+// Runs chains(iters): `chains_n` accumulator chains of `lanes`-float FMAs, where the CPU has them.
+void fma_peak(benchmark::State& state, bool supported, void (*chains)(std::int64_t), int chains_n, int lanes) {
+  if (!supported) {
+    state.SkipWithError("this CPU lacks the instructions");
     return;
   }
   constexpr std::int64_t iters = 1 << 20;
-  for (auto _ : state) fma_chains(iters);
-  state.counters["GFLOP/s"] = benchmark::Counter(iters * 16.0 * 16 * 2 * 1e-9,
+  for (auto _ : state) chains(iters);
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(iters) * chains_n * lanes * 2 * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_fma_peak(benchmark::State& state) {
+  fma_peak(state, __builtin_cpu_supports("avx512f"), fma_chains, 16, 16);
 }
 BENCHMARK(BM_fma_peak)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
@@ -322,14 +326,7 @@ __attribute__((target("avx2,fma"), noinline)) void fma_chains_avx2(std::int64_t 
         "xmm11", "xmm12", "xmm13", "cc");
 }
 void BM_fma_peak_avx2(benchmark::State& state) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    state.SkipWithError("no AVX2/FMA");
-    return;
-  }
-  constexpr std::int64_t iters = 1 << 20;
-  for (auto _ : state) fma_chains_avx2(iters);
-  state.counters["GFLOP/s"] = benchmark::Counter(iters * 12.0 * 8 * 2 * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  fma_peak(state, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), fma_chains_avx2, 12, 8);
 }
 BENCHMARK(BM_fma_peak_avx2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 #endif
