@@ -165,6 +165,9 @@ class CudaBackend final : public Backend {
   void layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
                        const Tensor& norm_bias, float eps, const Tensor& w, WeightLayout layout,
                        const Tensor& bias, bool gelu, Tensor h_scratch) override;
+  bool fuses_rms_norm_mlp(const Tensor& x, const Tensor& gate_up_w, const Tensor& down_w) const noexcept override;
+  void rms_norm_mlp(Tensor x, const Tensor& norm_weight, float eps, const Tensor& gate_up_w, const Tensor& down_w,
+                    Tensor act_scratch, Tensor h_scratch, Tensor y_scratch) override;
   void qk_transform_store(Tensor qkv, const HeadGeometry& heads, const QkTransform& t,
                           const DeviceBatch& batch, KvLayer cache) override;
   void attention(Tensor out, const Tensor& qkv, const HeadGeometry& heads,
@@ -341,6 +344,12 @@ class CudaBackend final : public Backend {
   std::int64_t resid_part_k_ = 0;  // kN: the K of a part; 0: resid_splits_ parts
   static constexpr std::int64_t resid_max_rows = 256;
   Buffer resid_partials_;  // [splits][resid_max_rows][N] f32
+  // XSERV_CUDA_FUSED_MLP=1: a one-row bf16 SwiGLU MLP runs as one kernel (rms_norm_mlp, mlp.cu:
+  // thread-block clusters split the intermediates, so the gate|up and down_proj weights stream as
+  // one); off by default until measured against the separate GEMVs (docs/cuda.md).
+  bool fuse_mlp_ = false;
+  Buffer mlp_partials_;  // [clusters][N] f32
+  Buffer mlp_tickets_;   // mlp_fused_tickets counters, zero between launches
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
   bool fuse_layer_norm_ = true;
   // XSERV_CUDA_ATTN_STORE_KV=0: GPT-2 decode writes k/v with qk_transform_store before the
@@ -395,6 +404,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_STATS")) skinny_block_stats_ = std::string_view(env) == "block";
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_L2_NEXT_MB")) skinny_l2_next_mb_ = std::max(0, std::atoi(env));
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
+  if (const char* env = std::getenv("XSERV_CUDA_FUSED_MLP")) fuse_mlp_ = std::string_view(env) == "1";
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -972,6 +982,32 @@ void CudaBackend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_
   }
   gemm(y_scratch, h_scratch, w, WeightLayout::out_in, Tensor(), 0.0f, 0);
   this->swiglu(out, y_scratch);
+}
+
+bool CudaBackend::fuses_rms_norm_mlp(const Tensor& x, const Tensor& gate_up_w, const Tensor& down_w) const noexcept {
+  if (!fuse_mlp_ || !use_gemv_ || x.shape.rank() != 2 || gate_up_w.shape.rank() != 2 || down_w.shape.rank() != 2)
+    return false;
+  const std::int64_t n = x.shape[1], inter = down_w.shape[1];
+  return gate_up_w.shape[0] == 2 * inter && gate_up_w.shape[1] == n && down_w.shape[0] == n &&
+         gate_up_w.dtype == x.dtype && down_w.dtype == x.dtype &&
+         mlp_fused_supported(x.dtype, x.shape[0], n, inter, x.data, gate_up_w.data, down_w.data, sm_count_);
+}
+
+void CudaBackend::rms_norm_mlp(Tensor x, const Tensor& norm_weight, float eps, const Tensor& gate_up_w,
+                               const Tensor& down_w, Tensor act_scratch, Tensor h_scratch, Tensor y_scratch) {
+  if (!fuses_rms_norm_mlp(x, gate_up_w, down_w) || norm_weight.dtype != x.dtype || norm_weight.numel() != x.shape[1] ||
+      reinterpret_cast<std::uintptr_t>(norm_weight.data) % 16 != 0) {
+    Backend::rms_norm_mlp(x, norm_weight, eps, gate_up_w, down_w, act_scratch, h_scratch, y_scratch);
+    return;
+  }
+  const std::int64_t n = x.shape[1], inter = down_w.shape[1];
+  ensure_scratch(mlp_partials_, mlp_fused_partial_floats(n, inter, sm_count_) * sizeof(float));
+  if (mlp_tickets_.size() < mlp_fused_tickets * sizeof(unsigned)) {
+    ensure_scratch(mlp_tickets_, mlp_fused_tickets * sizeof(unsigned));
+    XSERV_CUDA_CHECK(cudaMemsetAsync(mlp_tickets_.data(), 0, mlp_tickets_.size(), stream_));
+  }
+  launch_mlp_fused(stream_, x.data, norm_weight.data, eps, gate_up_w.data, down_w.data, n, inter,
+                   static_cast<float*>(mlp_partials_.data()), static_cast<unsigned*>(mlp_tickets_.data()), sm_count_);
 }
 
 QkTransformParams CudaBackend::qk_params(const Tensor& qkv, const HeadGeometry& heads,

@@ -305,6 +305,19 @@ bool layer_norm_gemv_supported(DType dt, const LayerNormGemvArgs& args) noexcept
 void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvArgs& args,
                             int sm_count, float* partial, unsigned* tickets);
 
+// mlp.cu: one decode row's whole SwiGLU MLP with its residual as one kernel (Backend::rms_norm_mlp):
+//   x += swiglu(RMSNorm(x) * norm_w . W_gate_up^T) . W_down^T
+// x [1, n] bf16 (read and written), W_gate_up [2 * inter, n], W_down [n, inter], the norm weight
+// [n], all 16-byte aligned. Thread-block clusters split the intermediates (sm_90); needs
+// mlp_fused_partial_floats() floats of scratch and 8 zeroed tickets (left zeroed).
+bool mlp_fused_supported(DType dt, std::int64_t rows, std::int64_t n, std::int64_t inter, const void* x,
+                         const void* gate_up, const void* down, int sm_count) noexcept;
+std::size_t mlp_fused_partial_floats(std::int64_t n, std::int64_t inter, int sm_count) noexcept;
+constexpr int mlp_fused_tickets = 8;
+void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float eps, const void* gate_up,
+                      const void* down, std::int64_t n, std::int64_t inter, float* partials, unsigned* tickets,
+                      int sm_count);
+
 // rope_kv.cu
 constexpr int max_head_dim = 256;
 struct QkTransformParams {

@@ -63,6 +63,12 @@ void Backend::gemm_rms_norm_gemm(Tensor x, const Tensor& a, const Tensor& w_res,
   rms_norm_gemm(out, x, norm_weight, eps, w, swiglu, h_scratch, y_scratch);
 }
 
+void Backend::rms_norm_mlp(Tensor x, const Tensor& norm_weight, float eps, const Tensor& gate_up_w,
+                           const Tensor& down_w, Tensor act_scratch, Tensor h_scratch, Tensor y_scratch) {
+  rms_norm_gemm(act_scratch, x, norm_weight, eps, gate_up_w, true, h_scratch, y_scratch);
+  gemm(x, act_scratch, down_w, WeightLayout::out_in, {}, 1.0f);
+}
+
 void Backend::layer_norm_gemm(Tensor out, const Tensor& x, const Tensor& norm_weight,
                               const Tensor& norm_bias, float eps, const Tensor& w,
                               WeightLayout layout, const Tensor& bias, bool gelu,

@@ -212,6 +212,20 @@ class Backend {
                                   float eps, const Tensor& w, bool swiglu, Tensor out, Tensor h_scratch,
                                   Tensor y_scratch);
 
+  // A pre-norm block's whole SwiGLU MLP with its residual, as one op:
+  //   x += swiglu(RMSNorm(x) * norm_weight · W_gate_up^T) · W_down^T
+  // (rms_norm_gemm with swiglu into act_scratch [T, I], then gemm with beta = 1; W_gate_up
+  // [2I, N_x] stacks gate then up, W_down [N_x, I]). h_scratch [T, N_x] and y_scratch [T, 2I] are
+  // rms_norm_gemm's. A backend runs it as one kernel only where fuses_rms_norm_mlp says so (CUDA:
+  // one decode row, XSERV_CUDA_FUSED_MLP); elsewhere a model keeps its residual GEMMs paired with
+  // the next norm (gemm_rms_norm_gemm), which this op's default implementation does not.
+  virtual bool fuses_rms_norm_mlp(const Tensor& x, const Tensor& gate_up_w, const Tensor& down_w) const noexcept {
+    (void)x, (void)gate_up_w, (void)down_w;
+    return false;
+  }
+  virtual void rms_norm_mlp(Tensor x, const Tensor& norm_weight, float eps, const Tensor& gate_up_w,
+                            const Tensor& down_w, Tensor act_scratch, Tensor h_scratch, Tensor y_scratch);
+
   // The same for LayerNorm blocks (GPT-2), with the GEMM's bias and an optional GELU:
   //   h = LayerNorm(x) * norm_weight + norm_bias   (as layer_norm without a residual)
   //   out = h · W + bias                            (W in `layout`, bias [N] or empty)

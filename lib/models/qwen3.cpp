@@ -162,6 +162,14 @@ class Qwen3 final : public Model {
       QkTransform qk{l.q_norm, l.k_norm, c.norm_eps, true, c.rope_theta};
       be.prefetch_next(l.o_w);
       be.qk_attention(at, qkvt, heads, qk, b, kvl, scale);
+      // Where the backend runs the whole MLP as one kernel (CUDA at one decode row), the o_proj
+      // and the MLP each stand alone, and the next layer's q|k|v starts from its own norm.
+      if (one_rank && !l.gate_up_w.empty() && be.fuses_rms_norm_mlp(xt, l.gate_up_w, l.down_w)) {
+        be.gemm(xt, at, l.o_w, WeightLayout::out_in, {}, beta);  // x += attn · Wo
+        be.rms_norm_mlp(xt, l.post_norm, c.norm_eps, l.gate_up_w, l.down_w, actt, ht, gu);
+        qkv_done = false;
+        continue;
+      }
       if (one_rank && !l.gate_up_w.empty()) {
         be.prefetch_next(l.down_w);
         be.gemm_rms_norm_gemm(xt, at, l.o_w, l.post_norm, c.norm_eps, l.gate_up_w, true, actt, ht, gu);

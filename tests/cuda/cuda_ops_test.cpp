@@ -2,6 +2,8 @@
 // activations. Tolerances: f32 ~1e-5 relative (GEMMs over long K a little more, as the sums
 // run in a different order), bf16 ~1e-2 (one bf16 rounding of the result, 2^-8 relative,
 // plus the rounding of intermediates the GPU keeps in bf16).
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -601,6 +603,72 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
         continue;
       }
       require_close(runs_out[0], base_out, 2.5e-2, 2e-2);
+    }
+  }
+}
+
+TEST_CASE("cuda rms_norm_mlp: one decode row's SwiGLU MLP as one kernel of thread-block clusters", "[cuda]") {
+  XSERV_REQUIRE_CUDA_DEVICE();
+  // XSERV_CUDA_FUSED_MLP is read at construction: "0" runs the separate GEMVs (the op's default
+  // implementation), "1" the one kernel where fuses_rms_norm_mlp says it applies.
+  const auto gpus = backends_by_env("XSERV_CUDA_FUSED_MLP", {"0", "1"});
+  GpuCpu be;
+  std::mt19937 rng(43);
+  struct Case {
+    std::int64_t rows, n, inter;
+    bool fused;  // on an sm_90 device with >= 128 SMs (an H100 or H200): the kernel takes it
+  };
+  // Qwen3-0.6B's, 1.7B's and 8B's shapes, row pieces several to a ring slot (n 512) and a slot
+  // apiece (n 4096 and 8192: 8 and 16 KB rows in 4 KB pieces), slices of 64 to 768 intermediates;
+  // 2 rows and an intermediate size no cluster count divides into whole warps take the separate ops.
+  const Case cases[] = {{1, 1024, 3072, true},  {1, 2048, 6144, true}, {1, 4096, 12288, true}, {1, 512, 1024, true},
+                        {1, 8192, 2048, true},  {2, 1024, 3072, false}, {1, 1024, 1000, false}};
+  const DType dt = DType::bf16;
+  int sm_count = 0;
+  REQUIRE(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  int major = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  for (const auto& c : cases) {
+    INFO("rows=" << c.rows << " n=" << c.n << " inter=" << c.inter);
+    auto x0 = randn(rng, static_cast<std::size_t>(c.rows * c.n), 3.0f);
+    auto g = randn(rng, static_cast<std::size_t>(c.n), 0.1f);
+    for (auto& v : g) v += 1.0f;
+    auto wgu = randn(rng, static_cast<std::size_t>(2 * c.inter * c.n), static_cast<float>(1.0 / std::sqrt(c.n)));
+    auto wd = randn(rng, static_cast<std::size_t>(c.n * c.inter), static_cast<float>(1.0 / std::sqrt(c.inter)));
+    for (auto* v : {&x0, &g, &wgu, &wd}) round_through(*v, dt);
+    // The CPU backend's (f32 intermediates) through the default implementation.
+    std::vector<float> want_x = x0, act(static_cast<std::size_t>(c.rows * c.inter)), h(x0.size()),
+                       y(static_cast<std::size_t>(c.rows * 2 * c.inter));
+    be.cpu.rms_norm_mlp(host_view(want_x, {c.rows, c.n}), host_view(g, {c.n}), 1e-6f,
+                        host_view(wgu, {2 * c.inter, c.n}), host_view(wd, {c.n, c.inter}),
+                        host_view(act, {c.rows, c.inter}), host_view(h, {c.rows, c.n}),
+                        host_view(y, {c.rows, 2 * c.inter}));
+    const Tensor gg = be.gpu_tensor(g, dt, {c.n}), ggu = be.gpu_tensor(wgu, dt, {2 * c.inter, c.n}),
+                 gd = be.gpu_tensor(wd, dt, {c.n, c.inter});
+    std::vector<float> separate;
+    for (std::size_t bi = 0; bi < gpus.size(); ++bi) {
+      INFO("XSERV_CUDA_FUSED_MLP=" << bi);
+      Backend& b = *gpus[bi];
+      std::vector<float> runs[2];
+      for (int run = 0; run < 2; ++run) {  // twice: the same bits (the cluster partials are summed in order)
+        Tensor gx = be.gpu_tensor(x0, dt, {c.rows, c.n});
+        if (bi == 1 && run == 0) {
+          const bool expect = c.fused && major == 9 && sm_count >= 128;
+          CHECK(b.fuses_rms_norm_mlp(gx, ggu, gd) == expect);
+        }
+        Tensor gact = be.gpu_poisoned(dt, {c.rows, c.inter}), gh = be.gpu_poisoned(dt, {c.rows, c.n}),
+               gy = be.gpu_poisoned(dt, {c.rows, 2 * c.inter});
+        be.gpu->synchronize();  // the inputs are be.gpu's; `b` has its own stream
+        b.rms_norm_mlp(gx, gg, 1e-6f, ggu, gd, gact, gh, gy);
+        b.synchronize();
+        runs[run] = be.read(gx);
+      }
+      CHECK(runs[0] == runs[1]);
+      // The GPU rounds h, g, u, silu and the product to bf16 as HF does, the CPU keeps f32: x (scale 3)
+      // plus a product of ~unit scale, within 1e-2 + 1e-2 relative (as gemm_rms_norm_gemm's test).
+      require_close(runs[0], want_x, 1e-2, 1e-2);
+      if (bi == 0) separate = runs[0];
+      else require_close(runs[0], separate, 1e-2, 1e-2);
     }
   }
 }
