@@ -348,6 +348,7 @@ class CudaBackend final : public Backend {
   // thread-block clusters split the intermediates, so the gate|up and down_proj weights stream as
   // one); off by default until measured against the separate GEMVs (docs/cuda.md).
   bool fuse_mlp_ = false;
+  int mlp_stages_ = 3;  // XSERV_CUDA_FUSED_MLP_STAGES=2|3|4: the kernel's 4 KB slots a warp (comparisons)
   Buffer mlp_partials_;  // [clusters][N] f32
   Buffer mlp_tickets_;   // mlp_fused_tickets counters, zero between launches
   // XSERV_CUDA_FUSED_NORM=0: layer_norm_gemm runs the separate kernels (for comparisons).
@@ -405,6 +406,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (const char* env = std::getenv("XSERV_CUDA_SKINNY_L2_NEXT_MB")) skinny_l2_next_mb_ = std::max(0, std::atoi(env));
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_NORM")) fuse_layer_norm_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_FUSED_MLP")) fuse_mlp_ = std::string_view(env) == "1";
+  if (const char* env = std::getenv("XSERV_CUDA_FUSED_MLP_STAGES")) mlp_stages_ = std::clamp(std::atoi(env), 2, 4);
   if (const char* env = std::getenv("XSERV_CUDA_SAMPLE_ONE_PASS")) sample_one_pass_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_LOGITS_NORM_GEMV")) logits_norm_gemv_ = std::string_view(env) != "0";
   if (const char* env = std::getenv("XSERV_CUDA_ATTN_STORE_KV")) fuse_store_kv_ = std::string_view(env) != "0";
@@ -1007,7 +1009,8 @@ void CudaBackend::rms_norm_mlp(Tensor x, const Tensor& norm_weight, float eps, c
     XSERV_CUDA_CHECK(cudaMemsetAsync(mlp_tickets_.data(), 0, mlp_tickets_.size(), stream_));
   }
   launch_mlp_fused(stream_, x.data, norm_weight.data, eps, gate_up_w.data, down_w.data, n, inter,
-                   static_cast<float*>(mlp_partials_.data()), static_cast<unsigned*>(mlp_tickets_.data()), sm_count_);
+                   static_cast<float*>(mlp_partials_.data()), static_cast<unsigned*>(mlp_tickets_.data()), sm_count_,
+                   mlp_stages_);
 }
 
 QkTransformParams CudaBackend::qk_params(const Tensor& qkv, const HeadGeometry& heads,

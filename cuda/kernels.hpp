@@ -309,14 +309,15 @@ void launch_layer_norm_gemv(cudaStream_t stream, DType dt, const LayerNormGemvAr
 //   x += swiglu(RMSNorm(x) * norm_w . W_gate_up^T) . W_down^T
 // x [1, n] bf16 (read and written), W_gate_up [2 * inter, n], W_down [n, inter], the norm weight
 // [n], all 16-byte aligned. Thread-block clusters split the intermediates (sm_90); needs
-// mlp_fused_partial_floats() floats of scratch and 8 zeroed tickets (left zeroed).
+// mlp_fused_partial_floats() floats of scratch and 8 zeroed tickets (left zeroed). stages: 4 KB
+// slots of each warp's ring of weight copies (2-4; XSERV_CUDA_FUSED_MLP_STAGES).
 bool mlp_fused_supported(DType dt, std::int64_t rows, std::int64_t n, std::int64_t inter, const void* x,
                          const void* gate_up, const void* down, int sm_count) noexcept;
 std::size_t mlp_fused_partial_floats(std::int64_t n, std::int64_t inter, int sm_count) noexcept;
 constexpr int mlp_fused_tickets = 8;
 void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float eps, const void* gate_up,
                       const void* down, std::int64_t n, std::int64_t inter, float* partials, unsigned* tickets,
-                      int sm_count);
+                      int sm_count, int stages = 3);
 
 // rope_kv.cu
 constexpr int max_head_dim = 256;

@@ -35,10 +35,10 @@ using bf16 = __nv_bfloat16;
 constexpr int warps = 8;
 constexpr int cluster_size = 8;  // blocks a cluster: the portable limit
 constexpr int chunk = 4096;      // bytes a ring slot
-constexpr int stages = 3;        // slots a warp: 96 KB of weights in flight a block
+constexpr int default_stages = 3;  // slots a warp: 96 KB of weights in flight a block
 constexpr int max_hidden = 8192;
 constexpr int max_slice = 2048;  // intermediates a cluster: a down_proj row piece fits a slot
-constexpr std::size_t ring_bytes = std::size_t{warps} * stages * chunk;
+constexpr std::size_t ring_bytes(int stages) { return std::size_t{warps} * static_cast<std::size_t>(stages) * chunk; }
 
 struct MlpArgs {
   bf16* x;  // [n] the residual, in and out
@@ -51,8 +51,8 @@ struct MlpArgs {
   int n, inter, slice;  // slice = inter / clusters
 };
 
-std::size_t smem_bytes(int n, int slice) {
-  return ring_bytes + std::size_t{warps} * stages * 8 + static_cast<std::size_t>(n) * 2 +
+std::size_t smem_bytes(int n, int slice, int stages) {
+  return ring_bytes(stages) + std::size_t{warps} * static_cast<std::size_t>(stages) * 8 + static_cast<std::size_t>(n) * 2 +
          static_cast<std::size_t>(slice) * 2 + static_cast<std::size_t>(slice / cluster_size) * 2;
 }
 
@@ -123,14 +123,15 @@ __device__ __forceinline__ Phase make_phase(int rows, unsigned row_bytes) {
   return p;
 }
 
+template <int stages>
 __global__ void __launch_bounds__(warps * 32, 1) mlp_kernel(const MlpArgs p) {
   extern __shared__ __align__(128) unsigned char s_mlp[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int cluster = blockIdx.x / cluster_size, rank = blockIdx.x % cluster_size;
   const int n = p.n, inter = p.inter, slice = p.slice;
   unsigned char* ring = s_mlp + static_cast<std::size_t>(warp) * stages * chunk;
-  auto* bars = reinterpret_cast<std::uint64_t*>(s_mlp + ring_bytes) + warp * stages;
-  auto* s_xn = reinterpret_cast<bf16*>(s_mlp + ring_bytes + warps * stages * 8);  // RMSNorm(x) * g [n]
+  auto* bars = reinterpret_cast<std::uint64_t*>(s_mlp + ring_bytes(stages)) + warp * stages;
+  auto* s_xn = reinterpret_cast<bf16*>(s_mlp + ring_bytes(stages) + warps * stages * 8);  // RMSNorm(x) * g [n]
   bf16* s_h = s_xn + n;             // the cluster's silu(g) * u [slice]
   bf16* s_own = s_h + slice;        // this block's eighth of it [slice / 8], read by its peers
   __shared__ float s_red[warps];
@@ -291,12 +292,15 @@ int clusters_for(int sm_count, std::int64_t n, std::int64_t inter) {
 bool kernel_usable() {
   static const bool usable = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, mlp_kernel) != cudaSuccess || attr.binaryVersion < 90) {
+    if (cudaFuncGetAttributes(&attr, mlp_kernel<default_stages>) != cudaSuccess || attr.binaryVersion < 90) {
       (void)cudaGetLastError();
       return false;
     }
-    XSERV_CUDA_CHECK(cudaFuncSetAttribute(mlp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_bytes(max_hidden, max_slice))));
+    for (int st : {2, 3, 4}) {
+      auto* kernel = st == 2 ? mlp_kernel<2> : st == 3 ? mlp_kernel<3> : mlp_kernel<4>;
+      XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem_bytes(max_hidden, max_slice, st))));
+    }
     return true;
   }();
   return usable;
@@ -317,7 +321,7 @@ std::size_t mlp_fused_partial_floats(std::int64_t n, std::int64_t inter, int sm_
 
 void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float eps, const void* gate_up,
                       const void* down, std::int64_t n, std::int64_t inter, float* partials, unsigned* tickets,
-                      int sm_count) {
+                      int sm_count, int stages) {
   const int clusters = clusters_for(sm_count, n, inter);
   const MlpArgs args{static_cast<bf16*>(x), static_cast<const bf16*>(norm_w), eps,
                      static_cast<const bf16*>(gate_up), static_cast<const bf16*>(down), partials, tickets,
@@ -325,7 +329,8 @@ void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float ep
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(clusters * cluster_size);
   config.blockDim = dim3(warps * 32);
-  config.dynamicSmemBytes = smem_bytes(args.n, args.slice);
+  stages = stages >= 2 && stages <= 4 ? stages : default_stages;
+  config.dynamicSmemBytes = smem_bytes(args.n, args.slice, stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -336,7 +341,8 @@ void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float ep
   attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = pdl_enabled() ? 2 : 1;
-  XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, mlp_kernel, args));
+  auto* kernel = stages == 2 ? mlp_kernel<2> : stages == 3 ? mlp_kernel<3> : mlp_kernel<4>;
+  XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
 }
 
 }  // namespace xserv::cuda
