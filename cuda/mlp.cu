@@ -56,24 +56,14 @@ std::size_t smem_bytes(int n, int slice, int stages) {
          static_cast<std::size_t>(slice) * 2 + static_cast<std::size_t>(slice / cluster_size) * 2;
 }
 
-__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = __bfloat1622float2(h[i]);
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
 // A dot product of `bytes` bf16 bytes (a multiple of 16) of a ring slot and of a row in shared
 // memory, this lane's share (16 bytes every 512).
 __device__ __forceinline__ float dot_lane(const unsigned char* w, const unsigned char* a, unsigned bytes, int lane) {
   float acc = 0.0f;
   for (unsigned b = lane * 16u; b < bytes; b += 32u * 16u) {
     float wf[8], af[8];
-    unpack8(*reinterpret_cast<const uint4*>(w + b), wf);
-    unpack8(*reinterpret_cast<const uint4*>(a + b), af);
+    load_f32<bf16, 8>(reinterpret_cast<const bf16*>(w + b), wf);
+    load_f32<bf16, 8>(reinterpret_cast<const bf16*>(a + b), af);
 #pragma unroll
     for (int v = 0; v < 8; ++v) acc += wf[v] * af[v];
   }
@@ -183,7 +173,7 @@ __global__ void __launch_bounds__(warps * 32, 1) mlp_kernel(const MlpArgs p) {
   float ss = 0.0f;
   for (int i = threadIdx.x * 8; i < n; i += blockDim.x * 8) {
     float v[8];
-    unpack8(*reinterpret_cast<const uint4*>(p.x + i), v);
+    load_f32<bf16, 8>(p.x + i, v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
   }
@@ -196,8 +186,8 @@ __global__ void __launch_bounds__(warps * 32, 1) mlp_kernel(const MlpArgs p) {
   const float rstd = rsqrtf(ss / static_cast<float>(n) + p.eps);
   for (int i = threadIdx.x * 8; i < n; i += blockDim.x * 8) {
     float v[8], g[8], o[8];
-    unpack8(*reinterpret_cast<const uint4*>(p.x + i), v);
-    unpack8(*reinterpret_cast<const uint4*>(p.norm_w + i), g);
+    load_f32<bf16, 8>(p.x + i, v);
+    load_f32<bf16, 8>(p.norm_w + i, g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = __bfloat162float(__float2bfloat16_rn(v[e] * rstd)) * g[e];
     store_f32<bf16, 8>(s_xn + i, o);
