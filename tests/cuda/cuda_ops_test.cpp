@@ -616,7 +616,7 @@ TEST_CASE("cuda rms_norm_mlp: one decode row's SwiGLU MLP as one kernel of threa
   std::mt19937 rng(43);
   struct Case {
     std::int64_t rows, n, inter;
-    bool fused;  // on an sm_90 device with >= 128 SMs (an H100 or H200): the kernel takes it
+    bool fused;  // on an sm_90 device with >= 128 SMs (an H100 or H200 SXM): the kernel takes it
   };
   // Qwen3-0.6B's, 1.7B's and 8B's shapes, row pieces several to a ring slot (n 512) and a slot
   // apiece (n 4096 and 8192: 8 and 16 KB rows in 4 KB pieces), slices of 64 to 768 intermediates;
@@ -652,9 +652,10 @@ TEST_CASE("cuda rms_norm_mlp: one decode row's SwiGLU MLP as one kernel of threa
       std::vector<float> runs[2];
       for (int run = 0; run < 2; ++run) {  // twice: the same bits (the cluster partials are summed in order)
         Tensor gx = be.gpu_tensor(x0, dt, {c.rows, c.n});
-        if (bi == 1 && run == 0) {
-          const bool expect = c.fused && major == 9 && sm_count >= 128;
-          CHECK(b.fuses_rms_norm_mlp(gx, ggu, gd) == expect);
+        if (bi == 1 && run == 0) {  // other GPUs may take fewer clusters, or none
+          const bool fuses = b.fuses_rms_norm_mlp(gx, ggu, gd);
+          if (major == 9 && sm_count >= 128) CHECK(fuses == c.fused);
+          else if (!c.fused) CHECK(!fuses);
         }
         Tensor gact = be.gpu_poisoned(dt, {c.rows, c.inter}), gh = be.gpu_poisoned(dt, {c.rows, c.n}),
                gy = be.gpu_poisoned(dt, {c.rows, 2 * c.inter});
