@@ -3,8 +3,9 @@
 # (XSERV_CUDA_FUSED_MLP=1, cuda/mlp.cu, 2026-12-08) against the separate GEMVs (o_proj + gate|up,
 # down_proj + q|k|v), in one build, interleaved, one process a figure. Tests first (the kernel
 # against the CPU backend; a Qwen3 of 0.6B's layer shape against the separate GEMVs, graph
-# replays equal to eager steps; the model and engine cases with the kernel on), then batch-1
-# decode 128 + 128 of Qwen3-1.7B, 0.6B and 8B (and the kernel with 4 slots a warp), then a CUPTI trace of the 1.7B layer in both forms.
+# replays equal to eager steps), then batch-1 decode 128 + 128 of Qwen3-1.7B, 0.6B and 8B (and the
+# kernel with 4 slots a warp), the model and engine cases with the kernel on, then a CUPTI trace of
+# the 1.7B layer in both forms.
 # As a request's run.sh (scripts/device_round.sh) or alone (~4-5 min with the build):
 #   OUT=... [BUDGET=300] bash bench/device/mlp_round.sh
 set -uo pipefail
@@ -12,7 +13,6 @@ ROUND_TARGETS=xserv_cupti_trace
 BUDGET=${BUDGET:-300}
 source bench/device/cuda_round_common.sh
 tests op 60 "cuda rms_norm_mlp*,cuda: Qwen3 batch-1 decode with the MLP*"
-tests models_fused 80 "cuda: *,cuda engine*" XSERV_CUDA_FUSED_MLP=1
 b1() {  # label, env settings (space-separated), model
   local f="$OUT/b1_${3}_$1.$(date -u +%H%M%S).txt"
   [ "$(left)" -ge 25 ] || { echo "$(ts) skip b1 $3 $1"; return; }
@@ -27,6 +27,7 @@ for pass in 1 2; do
     [ $m = qwen3-8b ] || b1 mlp4 "XSERV_CUDA_FUSED_MLP=1 XSERV_CUDA_FUSED_MLP_STAGES=4" $m
   done
 done
+tests models_fused 80 "cuda: *,cuda engine*" XSERV_CUDA_FUSED_MLP=1
 LIB=/tmp/b/bench/libxserv_cupti_trace.so
 for v in 0 1; do
   [ "$(left)" -ge 40 ] && [ -f "$LIB" ] || { echo "$(ts) skip trace $v"; continue; }
