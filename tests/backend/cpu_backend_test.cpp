@@ -702,6 +702,57 @@ TEST_CASE("cpu embedding with and without learned positions", "[cpu]") {
   }
 }
 
+// Backend::rms_norm_mlp (a pre-norm block's SwiGLU MLP with its residual): the CPU does not fuse
+// it, and its result is x + swiglu(RMSNorm(x) * g . W_gate_up^T) . W_down^T, as a double
+// reference computes it, bit for bit the ops it is made of.
+TEST_CASE("cpu rms_norm_mlp: a SwiGLU MLP block with its residual, as its ops", "[cpu]") {
+  std::mt19937 rng(16);
+  CpuBackend be(BackendOptions{2, 0});
+  const std::int64_t t = 3, n = 24, inter = 20;
+  const auto x0 = random_floats(rng, static_cast<std::size_t>(t * n), -2.0f, 2.0f);
+  auto g = random_floats(rng, static_cast<std::size_t>(n), 0.5f, 1.5f);
+  auto wgu = random_floats(rng, static_cast<std::size_t>(2 * inter * n), -0.3f, 0.3f);
+  auto wd = random_floats(rng, static_cast<std::size_t>(n * inter), -0.3f, 0.3f);
+  auto x = x0;
+  std::vector<float> act(static_cast<std::size_t>(t * inter)), h(x.size()),
+      y(static_cast<std::size_t>(t * 2 * inter));
+  const Tensor gu_w = view(wgu, {2 * inter, n}), down_w = view(wd, {n, inter});
+  REQUIRE_FALSE(be.fuses_rms_norm_mlp(view(x, {t, n}), gu_w, down_w));
+  be.rms_norm_mlp(view(x, {t, n}), view(g, {n}), 1e-6f, gu_w, down_w, view(act, {t, inter}),
+                  view(h, {t, n}), view(y, {t, 2 * inter}));
+  std::vector<double> want(x.size());
+  const auto N = static_cast<std::size_t>(n), I = static_cast<std::size_t>(inter);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(t); ++r) {
+    const float* xr = x0.data() + r * N;
+    double ss = 0;
+    for (std::size_t i = 0; i < N; ++i) ss += double{xr[i]} * xr[i];
+    const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(n) + 1e-6);
+    std::vector<double> hn(N), a(I);
+    for (std::size_t i = 0; i < N; ++i) hn[i] = xr[i] * rstd * g[i];
+    for (std::size_t j = 0; j < I; ++j) {
+      double gate = 0, up = 0;
+      for (std::size_t i = 0; i < N; ++i) {
+        gate += wgu[j * N + i] * hn[i];
+        up += wgu[(I + j) * N + i] * hn[i];
+      }
+      a[j] = gate / (1.0 + std::exp(-gate)) * up;
+    }
+    for (std::size_t o = 0; o < N; ++o) {
+      double sum = xr[o];
+      for (std::size_t j = 0; j < I; ++j) sum += wd[o * I + j] * a[j];
+      want[r * N + o] = sum;
+    }
+  }
+  require_close(x, want, 1e-5, 1e-5);
+  // The same ops one by one.
+  auto x2 = x0;
+  std::vector<float> act2(act.size()), h2(h.size()), y2(y.size());
+  be.rms_norm_gemm(view(act2, {t, inter}), view(x2, {t, n}), view(g, {n}), 1e-6f, gu_w, true,
+                   view(h2, {t, n}), view(y2, {t, 2 * inter}));
+  be.gemm(view(x2, {t, n}), view(act2, {t, inter}), down_w, WeightLayout::out_in, {}, 1.0f);
+  REQUIRE(x2 == x);
+}
+
 TEST_CASE("cpu gelu, swiglu and gather_rows", "[cpu]") {
   std::mt19937 rng(4);
   CpuBackend be(BackendOptions{2, 0});
