@@ -279,19 +279,24 @@ int clusters_for(int sm_count, std::int64_t n, std::int64_t inter) {
   return 0;
 }
 
+// The kernel of a ring depth (2-4 slots a warp; others take the default).
+auto kernel_for(int stages) {
+  return stages == 2 ? mlp_kernel<2> : stages == 4 ? mlp_kernel<4> : mlp_kernel<default_stages>;
+}
+
+// Whether the kernel can run on the current device: built for sm_90 or later (below that its
+// clusters, bulk copies and barriers compile to nothing) and its shared memory configured for the
+// largest shape at every ring depth. A failure is not an error: the separate GEMVs run instead.
+// Once a process (it drives devices of one kind).
 bool kernel_usable() {
   static const bool usable = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, mlp_kernel<default_stages>) != cudaSuccess || attr.binaryVersion < 90) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    for (int st : {2, 3, 4}) {
-      auto* kernel = st == 2 ? mlp_kernel<2> : st == 3 ? mlp_kernel<3> : mlp_kernel<4>;
-      XSERV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_bytes(max_hidden, max_slice, st))));
-    }
-    return true;
+    bool ok = cudaFuncGetAttributes(&attr, kernel_for(default_stages)) == cudaSuccess && attr.binaryVersion >= 90;
+    for (int st = 2; ok && st <= 4; ++st)
+      ok = cudaFuncSetAttribute(kernel_for(st), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem_bytes(max_hidden, max_slice, st))) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    return ok;
   }();
   return usable;
 }
@@ -319,7 +324,7 @@ void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float ep
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(clusters * cluster_size);
   config.blockDim = dim3(warps * 32);
-  stages = stages >= 2 && stages <= 4 ? stages : default_stages;
+  stages = stages >= 2 && stages <= 4 ? stages : default_stages;  // as kernel_for
   config.dynamicSmemBytes = smem_bytes(args.n, args.slice, stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
@@ -331,8 +336,7 @@ void launch_mlp_fused(cudaStream_t stream, void* x, const void* norm_w, float ep
   attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = pdl_enabled() ? 2 : 1;
-  auto* kernel = stages == 2 ? mlp_kernel<2> : stages == 3 ? mlp_kernel<3> : mlp_kernel<4>;
-  XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+  XSERV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel_for(stages), args));
 }
 
 }  // namespace xserv::cuda

@@ -609,9 +609,15 @@ TEST_CASE("cuda gemm_rms_norm_gemm: the residual GEMM in K parts, its sum, the r
 
 TEST_CASE("cuda rms_norm_mlp: one decode row's SwiGLU MLP as one kernel of thread-block clusters", "[cuda]") {
   XSERV_REQUIRE_CUDA_DEVICE();
-  // XSERV_CUDA_FUSED_MLP is read at construction: "0" runs the separate GEMVs (the op's default
-  // implementation), "1" the one kernel where fuses_rms_norm_mlp says it applies.
-  const auto gpus = backends_by_env("XSERV_CUDA_FUSED_MLP", {"0", "1"});
+  // XSERV_CUDA_FUSED_MLP and XSERV_CUDA_FUSED_MLP_STAGES are read at construction: "0" runs the
+  // separate GEMVs (the op's default implementation), "1" the one kernel where fuses_rms_norm_mlp
+  // says it applies, with rings of 3 (the default), 2 and 4 slots a warp.
+  auto gpus = backends_by_env("XSERV_CUDA_FUSED_MLP", {"0", "1"});
+  {
+    const ScopedEnv fused("XSERV_CUDA_FUSED_MLP", "1");
+    for (auto& b : backends_by_env("XSERV_CUDA_FUSED_MLP_STAGES", {"2", "4"})) gpus.push_back(std::move(b));
+  }
+  const char* const labels[] = {"separate GEMVs", "one kernel, 3 slots", "one kernel, 2 slots", "one kernel, 4 slots"};
   GpuCpu be;
   std::mt19937 rng(43);
   struct Case {
@@ -647,12 +653,12 @@ TEST_CASE("cuda rms_norm_mlp: one decode row's SwiGLU MLP as one kernel of threa
                  gd = be.gpu_tensor(wd, dt, {c.n, c.inter});
     std::vector<float> separate;
     for (std::size_t bi = 0; bi < gpus.size(); ++bi) {
-      INFO("XSERV_CUDA_FUSED_MLP=" << bi);
+      INFO(labels[bi]);
       Backend& b = *gpus[bi];
       std::vector<float> runs[2];
       for (int run = 0; run < 2; ++run) {  // twice: the same bits (the cluster partials are summed in order)
         Tensor gx = be.gpu_tensor(x0, dt, {c.rows, c.n});
-        if (bi == 1 && run == 0) {  // other GPUs may take fewer clusters, or none
+        if (bi > 0 && run == 0) {  // other GPUs may take fewer clusters, or none
           const bool fuses = b.fuses_rms_norm_mlp(gx, ggu, gd);
           if (major == 9 && sm_count >= 128) CHECK(fuses == c.fused);
           else if (!c.fused) CHECK(!fuses);
